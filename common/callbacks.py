@@ -1,0 +1,134 @@
+"""Callbacks of the one training loop: rank-averaged metrics, throughput,
+learning rate, checkpoints and the per-epoch report."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import keras
+import numpy as np
+
+from common import checkpoint
+from common.distributed import Distributed
+from common.flops import TRAINING_FLOPS_FACTOR
+
+
+class AverageMetricsOverRanks(keras.callbacks.Callback):
+    """Replace every numeric epoch log by its mean over ranks, before anyone logs it.
+
+    Must come after the callbacks that add per-rank numbers and before those
+    that write them (CSV, TensorBoard, checkpoints, MLPerf).
+    """
+
+    def __init__(self, dist: Distributed):
+        super().__init__()
+        self.dist = dist
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or self.dist.size == 1:
+            return
+        numeric = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating, np.integer))}
+        logs.update(self.dist.average_scalars(numeric))
+
+
+class Throughput(keras.callbacks.Callback):
+    """Global samples/s and achieved TFLOP/s per epoch, after warm-up steps.
+
+    Time runs from the end of step ``warmup_steps`` of each epoch to the end of
+    its last step, so the first step (tracing, pipeline start) is left out.
+    Adds ``samples_per_second``, ``tflops_per_second`` (training = 3 x
+    forward) and, when a peak is known, ``ratio_to_peak`` to the epoch logs.
+
+    Args:
+        global_batch_size: samples per step over all ranks.
+        forward_flops_per_sample: the model's forward FLOPs for one sample.
+        peak_flops_total: peak FLOP/s of all ranks' devices together, or None.
+        warmup_steps: steps at the start of each epoch not timed.
+    """
+
+    def __init__(self, global_batch_size: int, forward_flops_per_sample: float,
+                 peak_flops_total: float | None, warmup_steps: int = 2):
+        super().__init__()
+        self.global_batch_size = global_batch_size
+        self.training_flops_per_sample = TRAINING_FLOPS_FACTOR * forward_flops_per_sample
+        self.peak_flops_total = peak_flops_total
+        self.warmup_steps = warmup_steps
+        self.epochs: list[dict] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = time.perf_counter()
+        self._timer_start = None
+        self._timed_steps = 0
+        self._steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        now = time.perf_counter()
+        if self._timer_start is None:
+            if self._steps >= max(1, self.warmup_steps):
+                self._timer_start = now
+        else:
+            self._timed_steps += 1
+            self._timer_end = now
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs if logs is not None else {}
+        logs["epoch_time_s"] = time.perf_counter() - self._epoch_start
+        if self._timed_steps == 0:
+            return  # too few steps in this epoch to time after warm-up
+        elapsed = self._timer_end - self._timer_start
+        samples_per_second = self._timed_steps * self.global_batch_size / elapsed
+        logs["samples_per_second"] = samples_per_second
+        logs["tflops_per_second"] = samples_per_second * self.training_flops_per_sample / 1e12
+        if self.peak_flops_total:
+            logs["ratio_to_peak"] = logs["tflops_per_second"] * 1e12 / self.peak_flops_total
+
+
+class LearningRateLog(keras.callbacks.Callback):
+    """Puts the learning rate of the epoch's last step into the logs."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = float(np.asarray(self.model.optimizer.learning_rate))
+
+
+class SaveCheckpoint(keras.callbacks.Callback):
+    """Rank 0 writes a checkpoint after every epoch (model, optimizer, epoch, step)."""
+
+    def __init__(self, directory, keep: int = 2, extra_state=None):
+        super().__init__()
+        self.directory = directory
+        self.keep = keep
+        self.extra_state = extra_state or {}
+
+    def on_epoch_end(self, epoch, logs=None):
+        optimizer = self.model.optimizer
+        state = dict(self.extra_state, step=int(np.asarray(optimizer.iterations)))
+        checkpoint.save_checkpoint(self.directory, epoch + 1, self.model.weights, optimizer.variables,
+                                   state, keep=self.keep)
+
+
+class EpochReport(keras.callbacks.Callback):
+    """One line per epoch on rank 0: losses, metrics, samples/s and TFLOP/s."""
+
+    SHOWN_FIRST = ("loss", "val_loss")
+    THROUGHPUT = ("samples_per_second", "tflops_per_second", "ratio_to_peak", "epoch_time_s", "learning_rate")
+
+    def __init__(self, epochs: int, stream=None):
+        super().__init__()
+        self.epochs = epochs
+        self.stream = stream or sys.stdout
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        metrics = [k for k in self.SHOWN_FIRST if k in logs]
+        metrics += sorted(k for k in logs if k not in self.SHOWN_FIRST and k not in self.THROUGHPUT)
+        parts = [f"{k} {logs[k]:.4g}" for k in metrics]
+        line = f"epoch {epoch + 1}/{self.epochs}: " + ", ".join(parts)
+        if "samples_per_second" in logs:
+            line += f" | {logs['samples_per_second']:.2f} samples/s, {logs['tflops_per_second']:.4f} TFLOP/s"
+            if "ratio_to_peak" in logs:
+                line += f" ({100 * logs['ratio_to_peak']:.1f}% of peak)"
+        line += f" | lr {logs.get('learning_rate', float('nan')):.3g}, {logs.get('epoch_time_s', 0):.1f} s"
+        print(line, file=self.stream, flush=True)

@@ -1,0 +1,72 @@
+"""Command-line entry point shared by every application's ``train`` module.
+
+    python -m <app>.train [--config FILE] [--set key=value ...] [--output-dir D]
+                          [--resume] [--dry-run] [--measure-peak]
+
+Exit codes: 0 success, 2 bad input or config (a one-line message naming the
+file or key), other non-zero for failures during training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import pathlib
+import sys
+
+from common.errors import EXIT_BAD_INPUT, UserInputError
+
+
+@contextlib.contextmanager
+def exit_on_user_error():
+    """Turn :class:`UserInputError` into its one-line message and exit code 2."""
+    try:
+        yield
+    except UserInputError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def train_parser(app) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {app.name}.train", description=f"Train {app.name}.")
+    default = str(app.default_config) if app.default_config else None
+    parser.add_argument("--config", default=default, help=f"YAML config (default: {default})")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set optimizer.learning_rate=0.01 (repeatable)")
+    parser.add_argument("--output-dir", help="run directory (default: train.output_dir or runs/<app>-<config>)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="build the model without data; print parameters and FLOPs as JSON")
+    parser.add_argument("--measure-peak", action="store_true",
+                        help="time a matmul on each rank's device to report the ratio to peak")
+    return parser
+
+
+def default_output_dir(app, cfg, config_path) -> pathlib.Path:
+    if cfg.train.output_dir:
+        return pathlib.Path(cfg.train.output_dir)
+    stem = pathlib.Path(config_path).stem if config_path else "default"
+    return pathlib.Path("runs") / f"{app.name}-{stem}"
+
+
+def run_train(app, argv=None) -> int:
+    args = train_parser(app).parse_args(argv)
+    with exit_on_user_error():
+        from common.config import load_config
+
+        cfg = load_config(app.config_schema, args.config, args.set)
+        if args.dry_run:
+            from common.distributed import launched_world_size
+            from common.trainer import describe_model
+
+            print(json.dumps(describe_model(app, cfg, launched_world_size())), flush=True)
+            return 0
+
+        from common import distributed
+        from common.trainer import train
+
+        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
+        output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
+        train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak)
+    return 0

@@ -1,0 +1,215 @@
+"""YAML configuration: one validated schema per application.
+
+An application declares its schema as a pydantic model that reuses the shared
+sections below (``train``, ``optimizer``, ``distributed``, ``mlperf``) and adds
+its own ``data`` and ``model`` sections.  Defaults live in the schema; unknown
+keys and wrong types are errors that name the key path and the file.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+from typing import Any, Literal, TypeVar
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+from common.errors import ConfigError
+
+Precision = Literal["fp32", "mixed_float16", "mixed_bfloat16"]
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataSection(Section):
+    """Keys every application's ``data`` section has."""
+
+    data_dir: str = Field(description="directory holding the dataset files")
+    batch_size: PositiveInt = Field(1, description="samples per rank per step")
+
+
+class TrainSection(Section):
+    epochs: PositiveInt = 1
+    seed: int = 0
+    deterministic: bool = Field(False, description="TF op determinism and all seeds fixed")
+    precision: Precision = "fp32"
+    output_dir: str | None = Field(None, description="run directory (overridden by --output-dir)")
+    intra_op_threads: NonNegativeInt = Field(0, description="0: cores / ranks on this node")
+    inter_op_threads: NonNegativeInt = Field(0, description="0: TensorFlow's default")
+    throughput_warmup_steps: NonNegativeInt = Field(
+        2, description="steps at the start of each epoch left out of the samples/s figure")
+    peak_tflops: PositiveFloat | None = Field(
+        None, description="known peak of one rank's device, for the ratio; --measure-peak measures it")
+    keep_checkpoints: PositiveInt = 2
+    tensorboard: bool = True
+    steps_per_execution: PositiveInt = 1
+
+
+class ScheduleSection(Section):
+    """Learning rate: base LR scaled by global batch, warmup, then decay.
+
+    The peak learning rate is ``optimizer.learning_rate * f(global_batch /
+    base_batch_size)`` with f the identity (``linear``), the square root
+    (``sqrt``) or 1 (``none``).
+    """
+
+    scaling: Literal["none", "linear", "sqrt"] = "none"
+    base_batch_size: PositiveInt = Field(1, description="global batch the base LR was tuned for")
+    warmup_epochs: NonNegativeFloat = 0.0
+    warmup_steps: NonNegativeInt = Field(0, description="used when warmup_epochs is 0")
+    warmup_start: Literal["zero", "base"] = Field(
+        "zero", description="warmup starts at 0 or at the unscaled base LR")
+    decay: Literal["none", "step", "polynomial", "cosine"] = "none"
+    decay_boundaries: dict[NonNegativeInt, PositiveFloat] = Field(
+        default_factory=dict, description="step decay: {epoch: factor of the peak LR from that epoch on}")
+    decay_epochs: PositiveFloat | None = Field(
+        None, description="polynomial/cosine: epochs from the end of warmup to the end LR (default: the rest of training)")
+    end_factor: NonNegativeFloat = Field(0.0, description="polynomial/cosine: final LR as a fraction of the peak")
+    power: PositiveFloat = 1.0
+
+
+class LarcSection(Section):
+    enabled: bool = False
+    trust_coefficient: PositiveFloat = 0.002
+    clip: bool = True
+    epsilon: NonNegativeFloat = 1e-8
+
+
+class OptimizerSection(Section):
+    name: Literal["sgd", "adam", "lars"] = "sgd"
+    learning_rate: PositiveFloat = 1e-3
+    momentum: NonNegativeFloat = 0.9
+    nesterov: bool = False
+    beta_1: NonNegativeFloat = 0.9
+    beta_2: NonNegativeFloat = 0.999
+    epsilon: NonNegativeFloat = 1e-7
+    weight_decay: NonNegativeFloat = 0.0
+    eeta: PositiveFloat = Field(0.001, description="LARS trust coefficient")
+    lars_epsilon: NonNegativeFloat = 0.0
+    exclude_from_weight_decay: list[str] = Field(default_factory=lambda: ["bias", "batch_normalization"])
+    exclude_from_layer_adaptation: list[str] | None = None
+    larc: LarcSection = Field(default_factory=LarcSection)
+    schedule: ScheduleSection = Field(default_factory=ScheduleSection)
+
+
+class DistributedSection(Section):
+    gradient_compression: Literal["none", "fp16"] = "none"
+
+
+class MlperfSection(Section):
+    enabled: bool = False
+    log_file: str = "mlperf.log"
+    submission_org: str = "hpc-dl-suite"
+    submission_platform: str = "unknown"
+    submission_division: Literal["closed", "open"] = "closed"
+    submission_status: Literal["cloud", "onprem", "preview", "research"] = "research"
+    accelerators_per_node: NonNegativeInt = 0
+
+
+class AppConfig(Section):
+    """What every application schema has; apps narrow ``data`` and add ``model``."""
+
+    data: DataSection
+    train: TrainSection = Field(default_factory=TrainSection)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    distributed: DistributedSection = Field(default_factory=DistributedSection)
+    mlperf: MlperfSection = Field(default_factory=MlperfSection)
+
+
+ConfigT = TypeVar("ConfigT", bound=AppConfig)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"optimizer.learning_rate=0.01"`` -> (["optimizer", "learning_rate"], 0.01).
+
+    The value is parsed as YAML, so numbers, booleans, lists and mappings work.
+    """
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    parts = key.strip().split(".")
+    if any(not p for p in parts):
+        raise ConfigError(f"--set {text!r}: empty component in key path {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML ({exc.__class__.__name__})") from None
+    return parts, value
+
+
+def apply_overrides(raw: dict, overrides: list[str] | None) -> dict:
+    """Return a copy of ``raw`` with each ``a.b=value`` override set."""
+    result = copy.deepcopy(raw)
+    for text in overrides or []:
+        parts, value = parse_override(text)
+        node = result
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                path = ".".join(parts[: depth + 1])
+                raise ConfigError(f"--set {text!r}: {path} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
+    problems = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "<top level>"
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown key '{path}'")
+        elif err["type"] == "missing":
+            problems.append(f"missing required key '{path}'")
+        else:
+            problems.append(f"key '{path}': {err['msg']} (got {err.get('input')!r})")
+    return f"{source}: " + "; ".join(problems)
+
+
+def read_yaml(path: str | pathlib.Path) -> dict:
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: invalid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    return raw
+
+
+def validate(schema: type[ConfigT], raw: dict, source: str) -> ConfigT:
+    try:
+        return schema.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from None
+
+
+def load_config(schema: type[ConfigT], path: str | pathlib.Path | None,
+                overrides: list[str] | None = None, defaults: dict | None = None) -> ConfigT:
+    """Read ``path`` (or ``defaults`` when None), apply overrides, validate."""
+    raw = read_yaml(path) if path is not None else copy.deepcopy(defaults or {})
+    source = str(path) if path is not None else "<embedded default config>"
+    if overrides:
+        source += " (with --set overrides)"
+    return validate(schema, apply_overrides(raw, overrides), source)
+
+
+def config_to_dict(cfg: BaseModel) -> dict:
+    return cfg.model_dump(mode="json")
+
+
+def save_config(cfg: BaseModel, path: str | pathlib.Path) -> None:
+    """Write the resolved config (defaults filled in) as YAML."""
+    pathlib.Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -1,0 +1,215 @@
+"""Everything about ranks.  The only module in the project that imports Horovod.
+
+``init()`` returns a :class:`Distributed` object; the rest of the code asks it
+for rank, size, allreduces and broadcasts and never calls ``hvd.*`` itself.
+When the process was not started by a launcher (horovodrun, mpirun, srun with
+more than one task) a single-process backend with the same API is used, so
+the same code runs on a laptop without Horovod installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from common.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+# Variables of Keras 3 random seed generators (dropout and friends).  They are
+# left out of the initial broadcast so that ranks keep different dropout masks.
+SEED_STATE_MARKER = "seed_generator"
+
+_LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+
+
+def launched_world_size() -> int:
+    """World size announced by a launcher in the environment (1 when none)."""
+    if "HOROVOD_RANK" in os.environ or "HOROVOD_SIZE" in os.environ:
+        return int(os.environ.get("HOROVOD_SIZE", "1"))
+    for name in _LAUNCHER_SIZE_VARIABLES[1:]:
+        value = os.environ.get(name)
+        if value and value.isdigit() and int(value) > 1:
+            # srun without a step of several tasks leaves SLURM_NTASKS of the
+            # allocation; only SLURM_STEP_NUM_TASKS / SLURM_PROCID say we are a step.
+            if name == "SLURM_NTASKS" and "SLURM_PROCID" not in os.environ:
+                continue
+            return int(value)
+    return 1
+
+
+def _local_size_hint() -> int:
+    for name in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(name, "").split("(")[0]
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+class Distributed:
+    """Rank bookkeeping and collectives, over Horovod or a single process."""
+
+    def __init__(self, hvd=None):
+        self._hvd = hvd
+        if hvd is None:
+            self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+        else:
+            self.rank, self.size = hvd.rank(), hvd.size()
+            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+
+    # -- facts ---------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        return "horovod" if self._hvd is not None else "single"
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.size // max(1, self.local_size))
+
+    def __repr__(self):
+        return f"Distributed(backend={self.backend}, rank={self.rank}, size={self.size}, local_rank={self.local_rank})"
+
+    # -- collectives inside tf.function ---------------------------------------
+    def allreduce_gradients(self, gradients, compression: str = "none"):
+        """Average gradients over ranks (one grouped allreduce).
+
+        ``compression="fp16"`` halves the bytes on the wire for float32
+        gradients; the result is cast back to each gradient's dtype.
+        """
+        if self._hvd is None or self.size == 1:
+            return list(gradients)
+        hvd = self._hvd
+        dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+        present = [i for i, g in enumerate(dense) if g is not None]
+        codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+        reduced = hvd.grouped_allreduce([dense[i] for i in present], op=hvd.Average, compression=codec)
+        out = list(dense)
+        for i, g in zip(present, reduced):
+            out[i] = g
+        return out
+
+    def allreduce(self, value, average: bool = True, name: str | None = None):
+        """Sum or average a tensor over ranks (eager or in a tf.function)."""
+        if self._hvd is None or self.size == 1:
+            return tf.convert_to_tensor(value)
+        op = self._hvd.Average if average else self._hvd.Sum
+        return self._hvd.allreduce(tf.convert_to_tensor(value), op=op, name=name)
+
+    # -- eager helpers ----------------------------------------------------------
+    def average_scalars(self, values: dict[str, float]) -> dict[str, float]:
+        """Average a dict of Python numbers over ranks (same keys on every rank)."""
+        if self._hvd is None or self.size == 1 or not values:
+            return dict(values)
+        keys = sorted(values)
+        vector = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
+        averaged = self._hvd.allreduce(vector, op=self._hvd.Average, name="average_scalars").numpy()
+        return {k: float(v) for k, v in zip(keys, averaged)}
+
+    def sum_array(self, array: np.ndarray) -> np.ndarray:
+        """Element-wise sum of a numpy array over ranks."""
+        if self._hvd is None or self.size == 1:
+            return np.asarray(array)
+        return self._hvd.allreduce(tf.convert_to_tensor(array), op=self._hvd.Sum, name="sum_array").numpy()
+
+    def broadcast_object(self, obj, root_rank: int = 0):
+        """Send a picklable Python object from ``root_rank`` to every rank."""
+        if self._hvd is None or self.size == 1:
+            return obj
+        return self._hvd.broadcast_object(obj, root_rank=root_rank)
+
+    def broadcast_variables(self, variables, root_rank: int = 0) -> None:
+        """Copy the values of Keras (or tf) variables from ``root_rank`` to all.
+
+        Seed-generator state is skipped so that dropout differs across ranks.
+        """
+        if self._hvd is None or self.size == 1:
+            return
+        raw = []
+        for v in variables:
+            if SEED_STATE_MARKER in getattr(v, "path", v.name):
+                continue
+            raw.append(getattr(v, "value", v))
+        if raw:
+            self._hvd.broadcast_variables(raw, root_rank=root_rank)
+
+    def barrier(self) -> None:
+        if self._hvd is not None and self.size > 1:
+            # horovod.tensorflow has no barrier op; a tiny allreduce is one.
+            self._hvd.allreduce(tf.constant(0.0), op=self._hvd.Sum, name="barrier")
+
+
+_CURRENT: Distributed | None = None
+
+
+def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = True) -> Distributed:
+    """Start the distributed backend once per process and return it.
+
+    Horovod is used when a launcher says the world has more than one rank or
+    when horovodrun started us; otherwise a single-process backend (with a
+    warning when Horovod is not even importable, since multi-rank runs need it).
+
+    Threads: with ``intra_op_threads=0`` each rank takes its share of this
+    node's cores, so N ranks on one machine do not oversubscribe it.
+    """
+    global _CURRENT
+    if _CURRENT is not None:
+        return _CURRENT
+
+    launched = launched_world_size()
+    hvd = None
+    try:
+        import horovod.tensorflow as hvd_module
+    except ImportError as exc:
+        if launched > 1 or "HOROVOD_RANK" in os.environ:
+            raise UserInputError(
+                f"launched as {launched} ranks but Horovod is not importable ({exc}); run `make setup`") from None
+        warnings.warn("Horovod is not importable; running as a single process", RuntimeWarning, stacklevel=2)
+        hvd_module = None
+    if hvd_module is not None and (launched > 1 or "HOROVOD_RANK" in os.environ):
+        hvd_module.init()
+        hvd = hvd_module
+
+    local_size = hvd.local_size() if hvd is not None else _local_size_hint() if launched > 1 else 1
+    _configure_threads(intra_op_threads, inter_op_threads, local_size)
+    dist = Distributed(hvd)
+    if pin_gpu:
+        _pin_gpu(dist.local_rank)
+    _CURRENT = dist
+    return dist
+
+
+def current() -> Distributed:
+    """The backend started by :func:`init` (a single-process one if none was)."""
+    return _CURRENT if _CURRENT is not None else Distributed(None)
+
+
+def _configure_threads(intra_op_threads: int, inter_op_threads: int, local_size: int) -> None:
+    if intra_op_threads == 0:
+        intra_op_threads = max(1, (os.cpu_count() or 1) // max(1, local_size))
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
+        if inter_op_threads:
+            tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
+    except RuntimeError:
+        log.warning("TensorFlow was already initialised; thread settings left as they are")
+
+
+def _pin_gpu(local_rank: int) -> None:
+    """One GPU per rank: rank k on a node sees only its k-th GPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    try:
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.set_visible_devices(gpu, "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:
+        log.warning("TensorFlow was already initialised; GPU pinning left as it is")

@@ -1,0 +1,114 @@
+"""FLOP accounting from a Keras model's layers, and a matmul peak probe.
+
+Convention (stated in every report): one multiply-add = 2 FLOP; bias adds,
+activations, pooling and normalisation are not counted; one training step is
+3 x the forward FLOPs (the backward pass is about twice the forward).  The
+first layer has no input gradient, so 3 x slightly overstates its work; the
+convention is kept because it is the one published figures use.
+
+The counter is cross-checked against TensorFlow's profiler in the tests
+(the profiler also counts bias adds, 1 FLOP per output element).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import keras
+import numpy as np
+
+FLOP_CONVENTION = "2 FLOP per multiply-add; bias, activation, pooling not counted; training step = 3 x forward"
+TRAINING_FLOPS_FACTOR = 3
+
+
+def _spatial(shape, data_format: str):
+    """Spatial dims and channels of a per-sample shape (batch dim dropped)."""
+    shape = tuple(shape)[1:]
+    if data_format == "channels_first":
+        return shape[1:], shape[0]
+    return shape[:-1], shape[-1]
+
+
+def _shape_of(tensor):
+    return tuple(tensor.shape)
+
+
+def layer_multiply_adds(layer, input_shape, output_shape) -> int:
+    """Multiply-adds of one call of ``layer`` per sample (0 for layers we do not count)."""
+    kind = type(layer).__name__
+    data_format = getattr(layer, "data_format", "channels_last")
+    if kind in ("Conv1D", "Conv2D", "Conv3D"):
+        out_spatial, out_channels = _spatial(output_shape, data_format)
+        _, in_channels = _spatial(input_shape, data_format)
+        groups = getattr(layer, "groups", 1) or 1
+        return math.prod(out_spatial) * out_channels * math.prod(layer.kernel_size) * (in_channels // groups)
+    if kind in ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"):
+        in_spatial, in_channels = _spatial(input_shape, data_format)
+        _, out_channels = _spatial(output_shape, data_format)
+        return math.prod(in_spatial) * in_channels * math.prod(layer.kernel_size) * out_channels
+    if kind in ("DepthwiseConv1D", "DepthwiseConv2D"):
+        out_spatial, out_channels = _spatial(output_shape, data_format)
+        return math.prod(out_spatial) * out_channels * math.prod(layer.kernel_size)
+    if kind in ("SeparableConv1D", "SeparableConv2D"):
+        out_spatial, out_channels = _spatial(output_shape, data_format)
+        _, in_channels = _spatial(input_shape, data_format)
+        depthwise_channels = in_channels * layer.depth_multiplier
+        return (math.prod(out_spatial) * depthwise_channels * math.prod(layer.kernel_size)
+                + math.prod(out_spatial) * depthwise_channels * out_channels)
+    if kind == "Dense":
+        in_features = input_shape[-1]
+        return math.prod(tuple(output_shape)[1:-1]) * in_features * layer.units
+    return 0
+
+
+def _iter_calls(model):
+    """(layer, input_shape, output_shape) for every layer call in a functional model, nested models included."""
+    for layer in model.layers:
+        if isinstance(layer, keras.Model) and hasattr(layer, "layers") and layer.layers:
+            yield from _iter_calls(layer)
+            continue
+        for node in getattr(layer, "_inbound_nodes", []):
+            inputs = node.input_tensors
+            outputs = node.outputs
+            if not inputs or not outputs:
+                continue
+            yield layer, _shape_of(inputs[0]), _shape_of(outputs[0])
+
+
+def forward_flops_per_sample(model) -> int:
+    """Forward FLOPs for one sample of a built functional model (2 x multiply-adds)."""
+    return 2 * sum(layer_multiply_adds(layer, i, o) for layer, i, o in _iter_calls(model))
+
+
+def flops_by_layer(model) -> list[tuple[str, str, int]]:
+    """(layer name, class, forward FLOPs per sample) for each counted layer call."""
+    rows = []
+    for layer, i, o in _iter_calls(model):
+        macs = layer_multiply_adds(layer, i, o)
+        if macs:
+            rows.append((layer.name, type(layer).__name__, 2 * macs))
+    return rows
+
+
+def measure_matmul_flops(dtype: str = "float32", size: int = 2048, seconds: float = 2.0) -> float:
+    """Achieved FLOP/s of a square matmul on this process's device (2 n^3 per product)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    a = tf.constant(rng.standard_normal((size, size)), dtype=dtype)
+    b = tf.constant(rng.standard_normal((size, size)), dtype=dtype)
+
+    @tf.function
+    def product(x, y):
+        return tf.reduce_sum(tf.cast(tf.matmul(x, y)[:1, :1], tf.float32))
+
+    product(a, b).numpy()  # trace and warm up
+    repeats, start = 0, time.perf_counter()
+    while True:
+        product(a, b).numpy()
+        repeats += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and repeats >= 3:
+            break
+    return 2.0 * size ** 3 * repeats / elapsed

@@ -1,0 +1,29 @@
+"""Numeric precision policy: fp32, mixed_float16 or mixed_bfloat16.
+
+Layers compute in the policy's compute dtype and keep float32 variables; the
+applications build their last layer with ``dtype="float32"`` so that outputs
+(and losses) are float32.  mixed_float16 needs loss scaling (the trainer wraps
+the optimizer in ``keras.optimizers.LossScaleOptimizer``); bfloat16 does not.
+"""
+
+from __future__ import annotations
+
+import keras
+
+POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16", "mixed_bfloat16": "mixed_bfloat16"}
+
+
+def set_precision(precision: str) -> None:
+    """Set the global Keras dtype policy; call before building the model."""
+    try:
+        keras.config.set_dtype_policy(POLICIES[precision])
+    except KeyError:
+        raise ValueError(f"precision must be one of {sorted(POLICIES)}, got {precision!r}") from None
+
+
+def needs_loss_scaling(precision: str) -> bool:
+    return precision == "mixed_float16"
+
+
+def compute_dtype(precision: str) -> str:
+    return {"fp32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[precision]

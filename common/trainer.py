@@ -1,0 +1,306 @@
+"""The one training loop every application uses.
+
+An application hands the trainer an :class:`Application`: its config schema,
+``build_model(cfg)``, ``build_datasets(cfg, dist)``, loss and metrics.  The
+trainer does the rest: precision policy, optimizer and schedule, the
+Horovod-allreduced ``train_step``, broadcast of the initial state, resume,
+rank-averaged metrics, throughput, checkpoints, CSV/TensorBoard/MLPerf logs,
+the final ``model.keras`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import sys
+import time
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from common import checkpoint, precision
+from common.callbacks import (AverageMetricsOverRanks, EpochReport, LearningRateLog, SaveCheckpoint, Throughput)
+from common.config import AppConfig, save_config
+from common.data import Datasets
+from common.distributed import Distributed
+from common.errors import UserInputError
+from common.flops import FLOP_CONVENTION, TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
+from common.mlperf import MlperfCallback, MlperfLog
+from common.optimizers import build_optimizer, peak_learning_rate
+from common.schedules import build_schedule
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class MlperfSpec:
+    """How an application appears in an MLPerf HPC log."""
+
+    benchmark: str                    # submission_benchmark value
+    metric_key: str                   # e.g. "eval_error"
+    logs_key: str                     # where the metric is in Keras logs, e.g. "val_mae"
+    target: Callable[[Any], float]    # cfg -> quality target
+    higher_is_better: bool = False
+    hyperparameters: Callable[[Any], dict] | None = None  # cfg -> extra {key: value} events
+
+
+@dataclasses.dataclass(frozen=True)
+class Application:
+    """What an application gives the engine."""
+
+    name: str
+    config_schema: type[AppConfig]
+    build_model: Callable[[Any], keras.Model]
+    build_datasets: Callable[[Any, Distributed], Datasets]
+    loss: Callable[[Any], Any]
+    metrics: Callable[[Any], list]
+    default_config: pathlib.Path | None = None
+    prepare_data: Callable[[Any], Any] | None = None   # rank 0, before the datasets are built
+    mlperf: MlperfSpec | None = None
+
+
+class TrainingModel(keras.Model):
+    """Wraps an application's network with the data-parallel training step.
+
+    ``train_step``: forward and loss under a GradientTape, loss scaled for
+    mixed_float16, gradients averaged over ranks with one grouped allreduce,
+    then ``optimizer.apply`` (whose loss-scale finite check therefore sees the
+    same gradients, and takes the same decision, on every rank).
+    """
+
+    def __init__(self, network: keras.Model, dist: Distributed, gradient_compression: str = "none", **kwargs):
+        super().__init__(name=kwargs.pop("name", f"train_{network.name}"), **kwargs)
+        self.network = network
+        self._dist = dist
+        self._gradient_compression = gradient_compression
+        self.built = True
+
+    def call(self, inputs, training=None):
+        return self.network(inputs, training=training)
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            self._loss_tracker.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
+            scaled_loss = self.optimizer.scale_loss(loss)
+        variables = self.trainable_variables
+        gradients = tape.gradient(scaled_loss, variables)
+        gradients = self._dist.allreduce_gradients(gradients, compression=self._gradient_compression)
+        self.optimizer.apply(gradients, variables)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def configure_determinism(cfg: AppConfig, dist: Distributed) -> None:
+    """Seeds (per rank, so dropout differs) and, when asked, TF op determinism."""
+    keras.utils.set_random_seed(cfg.train.seed + dist.rank)
+    if cfg.train.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def describe_model(app: Application, cfg: AppConfig, ranks: int) -> dict:
+    """What ``--dry-run`` prints: the model built from the config, without data."""
+    precision.set_precision(cfg.train.precision)
+    network = app.build_model(cfg)
+    flops = forward_flops_per_sample(network)
+    return {
+        "app": app.name,
+        "model": network.name,
+        "parameters": int(network.count_params()),
+        "forward_flops_per_sample": int(flops),
+        "forward_gflops_per_sample": round(flops / 1e9, 2),
+        "training_flops_per_sample": int(TRAINING_FLOPS_FACTOR * flops),
+        "flop_convention": FLOP_CONVENTION,
+        "global_batch_size": cfg.data.batch_size * ranks,
+        "ranks": ranks,
+        "precision": cfg.train.precision,
+        "input_shape": list(network.input_shape[1:]),
+    }
+
+
+def measure_peak_flops(cfg: AppConfig, dist: Distributed) -> float:
+    """Matmul FLOP/s of every rank's device at the run's compute dtype, summed over ranks."""
+    dtype = precision.compute_dtype(cfg.train.precision)
+    per_rank = measure_matmul_flops(dtype)
+    total = float(dist.sum_array(np.array([per_rank]))[0])
+    if dist.is_root:
+        print(f"measured peak: {per_rank / 1e12:.3f} TFLOP/s per rank ({dtype} matmul), "
+              f"{total / 1e12:.3f} TFLOP/s over {dist.size} ranks", flush=True)
+    return total
+
+
+def _atomic_save_model(network: keras.Model, path: pathlib.Path) -> None:
+    temporary = path.with_name(path.stem + ".partial.keras")
+    network.save(temporary)
+    os.replace(temporary, path)
+
+
+def _write_json(path: pathlib.Path, payload: dict) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str | pathlib.Path,
+          resume: bool = False, measure_peak: bool = False) -> dict:
+    """Train ``app`` as configured; write the run directory; return the summary."""
+    started = time.time()
+    output_dir = pathlib.Path(output_dir)
+    checkpoint_dir = output_dir / "checkpoints"
+    latest = checkpoint.latest_checkpoint(checkpoint_dir)
+    if latest is not None and not resume:
+        raise UserInputError(f"{output_dir}: holds checkpoints of an earlier run ({latest.name}); "
+                             "pass --resume to continue it or choose another --output-dir")
+    if dist.is_root:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, output_dir / "config.yaml")
+
+    mlperf_log = MlperfLog(output_dir / cfg.mlperf.log_file, enabled=cfg.mlperf.enabled and app.mlperf is not None
+                           and dist.is_root)
+    if mlperf_log.enabled:
+        mlperf_log.start("init_start")
+        mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
+
+    configure_determinism(cfg, dist)
+    precision.set_precision(cfg.train.precision)
+
+    if app.prepare_data is not None:
+        if dist.is_root:
+            app.prepare_data(cfg)
+        dist.barrier()
+    datasets = app.build_datasets(cfg, dist)
+
+    network = app.build_model(cfg)
+    for output in network.outputs:
+        if output.dtype != "float32":
+            raise TypeError(f"{app.name} model output {output.name} is {output.dtype}; build the last layer "
+                            "with dtype='float32'")
+    forward_flops = forward_flops_per_sample(network)
+    global_batch_size = cfg.data.batch_size * dist.size
+
+    opt = cfg.optimizer
+    peak_lr = peak_learning_rate(opt.learning_rate, opt.schedule, global_batch_size)
+    schedule = build_schedule(opt.schedule, opt.learning_rate, peak_lr, datasets.steps_per_epoch, cfg.train.epochs)
+    optimizer = build_optimizer(opt, schedule, loss_scaling=precision.needs_loss_scaling(cfg.train.precision))
+
+    model = TrainingModel(network, dist, gradient_compression=cfg.distributed.gradient_compression)
+    model.compile(optimizer=optimizer, loss=app.loss(cfg), metrics=app.metrics(cfg),
+                  steps_per_execution=cfg.train.steps_per_execution, jit_compile=False)
+    optimizer.build(model.trainable_variables)
+
+    initial_epoch = 0
+    if resume and latest is not None:
+        if dist.is_root:
+            state = checkpoint.restore_checkpoint(latest, model.weights, optimizer.variables)
+            initial_epoch = int(state["epoch"])
+            print(f"resuming from {latest} (epoch {initial_epoch}, step {state.get('step')})", flush=True)
+        initial_epoch = dist.broadcast_object(initial_epoch)
+    elif resume and dist.is_root:
+        print(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
+    dist.broadcast_variables(model.weights + optimizer.variables)
+
+    peak_flops_total = None
+    if measure_peak:
+        peak_flops_total = measure_peak_flops(cfg, dist)
+    elif cfg.train.peak_tflops:
+        peak_flops_total = cfg.train.peak_tflops * 1e12 * dist.size
+
+    if mlperf_log.enabled:
+        _log_mlperf_hyperparameters(mlperf_log, app, cfg, datasets, global_batch_size, peak_lr)
+
+    throughput = Throughput(global_batch_size, forward_flops, peak_flops_total, cfg.train.throughput_warmup_steps)
+    callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog(), AverageMetricsOverRanks(dist)]
+    mlperf_callback = None
+    if dist.is_root:
+        callbacks.append(SaveCheckpoint(checkpoint_dir, keep=cfg.train.keep_checkpoints))
+        callbacks.append(keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=resume))
+        if cfg.train.tensorboard:
+            callbacks.append(keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), write_graph=False,
+                                                         profile_batch=0))
+        if mlperf_log.enabled:
+            mlperf_callback = MlperfCallback(mlperf_log, app.mlperf.metric_key, app.mlperf.logs_key,
+                                             app.mlperf.target(cfg), app.mlperf.higher_is_better)
+            callbacks.append(mlperf_callback)
+        callbacks.append(EpochReport(cfg.train.epochs))
+        print(f"{app.name}: {dist.size} rank(s) [{dist.backend}], global batch {global_batch_size}, "
+              f"{datasets.steps_per_epoch} steps/epoch, {datasets.train_samples} training and "
+              f"{datasets.validation_samples} validation samples/epoch, {network.count_params():,} parameters, "
+              f"{forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
+              f"peak LR {peak_lr:.4g}", flush=True)
+
+    verbose = (1 if sys.stdout.isatty() else 0) if dist.is_root else 0
+    history = model.fit(datasets.train, epochs=cfg.train.epochs, initial_epoch=initial_epoch,
+                        steps_per_epoch=datasets.steps_per_epoch, validation_data=datasets.validation,
+                        validation_steps=datasets.validation_steps if datasets.validation is not None else None,
+                        callbacks=callbacks, verbose=verbose, shuffle=False)
+
+    summary = _summary(app, cfg, dist, history.history, network, forward_flops, global_batch_size, datasets,
+                       peak_flops_total, time.time() - started, initial_epoch, mlperf_callback)
+    if dist.is_root:
+        _atomic_save_model(network, output_dir / "model.keras")
+        _write_json(output_dir / "summary.json", summary)
+    dist.barrier()
+    return summary
+
+
+def _summary(app, cfg, dist, history, network, forward_flops, global_batch_size, datasets, peak_flops_total,
+             wall_time_s, initial_epoch, mlperf_callback) -> dict:
+    last = {k: float(v[-1]) for k, v in history.items() if v}
+    rates = history.get("samples_per_second", [])
+    # The first epoch of a run includes graph tracing; report the later ones when there are any.
+    steady = rates[1:] if len(rates) > 1 else rates
+    samples_per_second = float(np.mean(steady)) if steady else None
+    tflops = samples_per_second * TRAINING_FLOPS_FACTOR * forward_flops / 1e12 if samples_per_second else None
+    summary = {
+        "app": app.name,
+        "ranks": dist.size,
+        "backend": dist.backend,
+        "global_batch_size": global_batch_size,
+        "precision": cfg.train.precision,
+        "epochs_completed": initial_epoch + len(history.get("loss", [])),
+        "first_epoch_this_run": initial_epoch + 1,
+        "train_samples_per_epoch": datasets.train_samples,
+        "validation_samples": datasets.validation_samples,
+        "parameters": int(network.count_params()),
+        "forward_flops_per_sample": int(forward_flops),
+        "flop_convention": FLOP_CONVENTION,
+        "samples_per_second": samples_per_second,
+        "tflops_per_second": tflops,
+        "peak_tflops": peak_flops_total / 1e12 if peak_flops_total else None,
+        "ratio_to_peak": tflops * 1e12 / peak_flops_total if tflops and peak_flops_total else None,
+        "wall_time_s": wall_time_s,
+        "final": last,
+    }
+    if mlperf_callback is not None:
+        summary["mlperf_target_reached"] = mlperf_callback.reached
+    return summary
+
+
+def _log_mlperf_hyperparameters(mlperf_log: MlperfLog, app: Application, cfg: AppConfig, datasets: Datasets,
+                                global_batch_size: int, peak_lr: float) -> None:
+    opt = cfg.optimizer
+    schedule = opt.schedule
+    warmup_epochs = schedule.warmup_epochs or (schedule.warmup_steps / datasets.steps_per_epoch)
+    events = {
+        "global_batch_size": global_batch_size,
+        "train_samples": datasets.train_samples,
+        "eval_samples": datasets.validation_samples,
+        "gradient_accumulation_steps": 1,
+        "opt_name": opt.name,
+        "opt_base_learning_rate": opt.learning_rate,
+        "opt_learning_rate_warmup_epochs": warmup_epochs,
+        "opt_learning_rate_warmup_factor": peak_lr / opt.learning_rate,
+        "opt_learning_rate_decay_boundary_epochs": sorted(schedule.decay_boundaries),
+        "opt_learning_rate_decay_factor": [schedule.decay_boundaries[k] for k in sorted(schedule.decay_boundaries)],
+        "opt_weight_decay": opt.weight_decay,
+    }
+    if app.mlperf.hyperparameters is not None:
+        events.update(app.mlperf.hyperparameters(cfg))
+    for key, value in events.items():
+        mlperf_log.event(key, value)

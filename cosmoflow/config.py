@@ -1,0 +1,77 @@
+"""The CosmoFlow config schema: the shared sections plus ``data`` and ``model``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+
+from common.config import AppConfig, DataSection, Section
+
+# Order of the four targets in the files (``y`` / ``unitPar``).
+TARGET_NAMES = ("Omega_m", "sigma_8", "n_s", "H0")
+
+
+class MockSection(Section):
+    """Mock universes written by ``python -m cosmoflow.mock`` (and by train when missing)."""
+
+    generate_if_missing: bool = False
+    n_train: PositiveInt = 256
+    n_valid: PositiveInt = 64
+    box_size_mpc_h: PositiveFloat = Field(256.0, description="comoving box side in Mpc/h")
+    particles_per_voxel_side: PositiveInt = Field(2, description="particle lattice is this many times finer than the grid")
+    redshifts: list[NonNegativeFloat] = Field(default_factory=lambda: [3.0, 1.5, 0.5, 0.0])
+    seed: int = 1234
+    # Parameter ranges around Planck 2018; the targets are normalised to [-1, 1] over them.
+    omega_m_range: tuple[PositiveFloat, PositiveFloat] = (0.20, 0.40)
+    sigma_8_range: tuple[PositiveFloat, PositiveFloat] = (0.60, 1.00)
+    n_s_range: tuple[PositiveFloat, PositiveFloat] = (0.90, 1.02)
+    h0_range: tuple[PositiveFloat, PositiveFloat] = (60.0, 80.0)
+
+
+class CosmoDataSection(DataSection):
+    format: Literal["tfrecord", "hdf5"] = "tfrecord"
+    compression: Literal["none", "gzip"] = Field("none", description="TFRecord compression")
+    sample_shape: tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt] = Field(
+        (128, 128, 128, 4), description="one sample, channels last: (x, y, z, redshifts)")
+    samples_per_file: PositiveInt = Field(1, description="TFRecord samples per file (1 in the MLPerf layout)")
+    n_train: PositiveInt | None = Field(None, description="training samples to use (default: all present)")
+    n_valid: PositiveInt | None = Field(None, description="validation samples to use (default: all present)")
+    target_names: list[Literal["Omega_m", "sigma_8", "n_s", "H0"]] = Field(default_factory=lambda: list(TARGET_NAMES))
+    apply_log: bool = Field(True, description="x -> log(1 + x); else x / mean(x)")
+    augment: bool = Field(False, description="random flips and axis permutations (isotropy)")
+    shuffle_buffer: NonNegativeInt = Field(0, description="sample shuffle buffer after reading (0: file shuffle only)")
+    stage_dir: str | None = Field(None, description="copy each rank's files here (node-local SSD, /dev/shm) before training")
+    mock: MockSection = Field(default_factory=MockSection)
+
+    @field_validator("target_names")
+    @classmethod
+    def _unique_targets(cls, names):
+        if not names or len(set(names)) != len(names):
+            raise ValueError("target_names must be a non-empty list without repeats")
+        return names
+
+
+class CosmoModelSection(Section):
+    name: Literal["cosmoflow"] = "cosmoflow"
+    conv_blocks: PositiveInt = 5
+    base_filters: PositiveInt = 32
+    filter_multiplier: PositiveInt = Field(2, description="filters of block i = base_filters * multiplier**i")
+    kernel_size: PositiveInt = 3
+    padding: Literal["same", "valid"] = "same"
+    pool_size: PositiveInt = 2
+    batch_norm: bool = False
+    dense_units: list[PositiveInt] = Field(default_factory=lambda: [128, 64])
+    dropout: float = Field(0.5, ge=0.0, lt=1.0)
+    l2: NonNegativeFloat = Field(0.0, description="L2 on the dense kernels")
+    leaky_relu_slope: NonNegativeFloat = 0.3
+    output_scale: PositiveFloat = Field(1.2, description="tanh output scaled by this")
+
+
+class CosmoMlperfTarget(Section):
+    target_mae: PositiveFloat = 0.124
+
+
+class CosmoflowConfig(AppConfig):
+    data: CosmoDataSection
+    model: CosmoModelSection = Field(default_factory=CosmoModelSection)

@@ -1,0 +1,219 @@
+"""CosmoFlow data: TFRecord and HDF5 readers and the tf.data pipeline.
+
+Layout of ``data.data_dir``: ``train/`` and ``validation/`` subdirectories.
+
+- TFRecord (MLPerf): one example per sample (``samples_per_file`` per file),
+  feature ``x`` raw bytes of int16 counts of ``sample_shape``, ``y``
+  float32[4] targets in [-1, 1] (Omega_m, sigma_8, n_s, H0); files may be
+  GZIP-compressed (``compression: gzip``).
+- HDF5 (raw): ``full`` int16 counts (N, N, N, C) channels last and ``unitPar``
+  float32[4]; each volume is cut into (N / crop)^3 crops of ``sample_shape``.
+
+Sample counts come from the files present: asking for more (``n_train``,
+``n_valid``) is an error; fewer is allowed.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import h5py
+import numpy as np
+import tensorflow as tf
+
+from common.data import Datasets, list_files, select_count, shards_files, shuffled_shards, stage_files, steps_for
+from common.distributed import Distributed
+from common.errors import DataError
+from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
+
+TFRECORD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.tfrecords.gz")
+HDF5_PATTERNS = ("*.h5", "*.hdf5")
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+# -- TFRecord -------------------------------------------------------------------
+
+def _compression(cfg_data) -> str:
+    return "GZIP" if cfg_data.compression == "gzip" else ""
+
+
+def count_records(path: str, compression: str) -> int:
+    return sum(1 for _ in tf.data.TFRecordDataset(path, compression_type=compression))
+
+
+def parse_example(record, sample_shape):
+    features = tf.io.parse_single_example(record, {
+        "x": tf.io.FixedLenFeature([], tf.string),
+        "y": tf.io.FixedLenFeature([len(TARGET_NAMES)], tf.float32),
+    })
+    x = tf.io.decode_raw(features["x"], tf.int16)
+    x = tf.reshape(x, sample_shape)
+    return x, features["y"]
+
+
+# -- HDF5 -----------------------------------------------------------------------------
+
+def hdf5_crops(path: str, crop: tuple[int, int, int, int]) -> int:
+    """Number of crops of ``crop`` in one raw file, after checking its layout."""
+    try:
+        with h5py.File(path, "r") as f:
+            if "full" not in f or "unitPar" not in f:
+                raise DataError(f"{path}: expected datasets 'full' and 'unitPar'")
+            shape = f["full"].shape
+            targets = f["unitPar"].shape
+    except OSError as exc:
+        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+    if len(shape) != 4 or shape[3] != crop[3]:
+        raise DataError(f"{path}: 'full' has shape {shape}, expected (N, N, N, {crop[3]}) channels last")
+    if any(s % c for s, c in zip(shape[:3], crop[:3])):
+        raise DataError(f"{path}: 'full' shape {shape[:3]} is not a multiple of the crop {crop[:3]}")
+    if targets != (len(TARGET_NAMES),):
+        raise DataError(f"{path}: 'unitPar' has shape {targets}, expected ({len(TARGET_NAMES)},)")
+    return int(np.prod([s // c for s, c in zip(shape[:3], crop[:3])]))
+
+
+def read_hdf5_crop(path, index, crop):
+    """Crop number ``index`` (C order over the crop grid) of a raw file."""
+    path = path.decode() if isinstance(path, bytes) else str(path)
+    with h5py.File(path, "r") as f:
+        full = f["full"]
+        per_side = [s // c for s, c in zip(full.shape[:3], crop[:3])]
+        i, j, k = np.unravel_index(int(index), per_side)
+        x = full[i * crop[0]:(i + 1) * crop[0], j * crop[1]:(j + 1) * crop[1], k * crop[2]:(k + 1) * crop[2], :]
+        y = f["unitPar"][:]
+    return np.asarray(x, np.int16), np.asarray(y, np.float32)
+
+
+# -- transformations --------------------------------------------------------------------
+
+def normalise(x, apply_log: bool):
+    x = tf.cast(x, tf.float32)
+    if apply_log:
+        return tf.math.log1p(x)
+    return x / tf.maximum(tf.reduce_mean(x), 1e-6)
+
+
+def augment(x, seed):
+    """Random flips of the three spatial axes and, for cubes, a random axis permutation (isotropy)."""
+    flips = tf.random.stateless_uniform([3], seed=seed) < 0.5
+    for axis in range(3):
+        x = tf.cond(flips[axis], lambda a=axis: tf.reverse(x, [a]), lambda: x)
+    if len(set(x.shape[:3])) != 1:
+        return x
+    permutations = tf.constant([[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]])
+    choice = tf.random.stateless_uniform([], seed=seed + 1, maxval=6, dtype=tf.int32)
+    perm = tf.concat([permutations[choice], [3]], axis=0)
+    # A cube keeps its static shape under the permutation; Keras needs it for fast kernels.
+    return tf.ensure_shape(tf.transpose(x, perm), x.shape)
+
+
+# -- pipeline ---------------------------------------------------------------------------
+
+def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key: str):
+    """(files to read, samples available in them, samples used) for one split."""
+    data = cfg.data
+    directory = pathlib.Path(data.data_dir) / split
+    if data.format == "tfrecord":
+        files = list_files(directory, TFRECORD_PATTERNS, f"CosmoFlow {split} TFRecord")
+        first = count_records(files[0], _compression(data))
+        if first != data.samples_per_file:
+            raise DataError(f"{files[0]}: holds {first} records but data.samples_per_file is {data.samples_per_file}")
+        available = len(files) * data.samples_per_file
+        used = select_count(available, requested, key, str(directory))
+        files = files[: -(-used // data.samples_per_file)]
+        return files, used, None
+    files = list_files(directory, HDF5_PATTERNS, f"CosmoFlow {split} HDF5")
+    crops = [hdf5_crops(f, data.sample_shape) for f in files]
+    used = select_count(sum(crops), requested, key, str(directory))
+    index = [(f, c) for f, n in zip(files, crops) for c in range(n)][:used]
+    return sorted({f for f, _ in index}), used, index
+
+
+def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed: int, training: bool):
+    """(x int16, y float32[4]) per sample for this rank, reshuffled per epoch when training."""
+    data = cfg.data
+    shape = tuple(data.sample_shape)
+    if data.format == "tfrecord":
+        if data.stage_dir and training:
+            files = stage_files(files, data.stage_dir, dist)
+            names = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed + dist.rank,
+                                                                      reshuffle_each_iteration=True)
+            record_sharding = False
+        else:
+            names = shuffled_shards(files, dist, seed, shuffle=training)
+            record_sharding = not shards_files(len(files), dist)
+        records = names.interleave(
+            lambda name: tf.data.TFRecordDataset(name, compression_type=_compression(data)),
+            cycle_length=min(8, max(1, len(files))), num_parallel_calls=AUTOTUNE, deterministic=True)
+        if record_sharding:
+            records = records.shard(dist.size, dist.rank)
+        return records.map(lambda r: parse_example(r, shape), num_parallel_calls=AUTOTUNE)
+
+    paths = tf.constant([p for p, _ in index])
+    crops = tf.constant([c for _, c in index], dtype=tf.int64)
+    items = tf.data.Dataset.from_tensor_slices((paths, crops))
+    if training:
+        items = items.shuffle(len(index), seed=seed, reshuffle_each_iteration=True)
+    items = items.shard(dist.size, dist.rank)
+
+    def read(path, crop_index):
+        x, y = tf.numpy_function(lambda p, c: read_hdf5_crop(p, c, shape), [path, crop_index],
+                                 [tf.int16, tf.float32], stateful=False)
+        x.set_shape(shape)
+        y.set_shape([len(TARGET_NAMES)])
+        return x, y
+
+    return items.map(read, num_parallel_calls=AUTOTUNE)
+
+
+def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed: int) -> tf.data.Dataset:
+    data = cfg.data
+    target_index = [TARGET_NAMES.index(n) for n in data.target_names]
+
+    def transform(x, y):
+        return normalise(x, data.apply_log), tf.gather(y, target_index)
+
+    dataset = records.map(transform, num_parallel_calls=AUTOTUNE)
+    if training and data.shuffle_buffer:
+        dataset = dataset.shuffle(data.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if training and data.augment:
+        seeds = tf.data.Dataset.random(seed=seed).batch(2)
+        dataset = tf.data.Dataset.zip((dataset, seeds)).map(
+            lambda xy, s: (augment(xy[0], s), xy[1]), num_parallel_calls=AUTOTUNE)
+    return dataset.batch(data.batch_size, drop_remainder=True).prefetch(AUTOTUNE)
+
+
+def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
+    """Training (repeating) and validation pipelines for this rank."""
+    data = cfg.data
+    seed = cfg.train.seed
+    train_files, n_train, train_index = _split_samples(cfg, "train", data.n_train, "data.n_train")
+    valid_files, n_valid, valid_index = _split_samples(cfg, "validation", data.n_valid, "data.n_valid")
+    steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
+    valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
+
+    train_records = _records(cfg, train_files, train_index, dist, seed, training=True)
+    train = _pipeline(cfg, train_records.repeat(), training=True, seed=seed)
+    valid_records = _records(cfg, valid_files, valid_index, dist, seed, training=False)
+    validation = _pipeline(cfg, valid_records.repeat(), training=False, seed=seed)
+    return Datasets(train=train, validation=validation, steps_per_epoch=steps, validation_steps=valid_steps,
+                    train_samples=steps * data.batch_size * dist.size,
+                    validation_samples=valid_steps * data.batch_size * dist.size)
+
+
+def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
+    """All normalised targets of a split (for baselines), selected as configured."""
+    files, used, index = _split_samples(cfg, split, None, "data")
+    target_index = [TARGET_NAMES.index(n) for n in cfg.data.target_names]
+    if cfg.data.format == "hdf5":
+        values = []
+        for path in files:
+            with h5py.File(path, "r") as f:
+                values.append(np.asarray(f["unitPar"][:], np.float32))
+        per_file = dict(zip(files, values))
+        ys = np.stack([per_file[p] for p, _ in index])
+    else:
+        spec = {"y": tf.io.FixedLenFeature([len(TARGET_NAMES)], tf.float32)}
+        raw = tf.data.TFRecordDataset(files, compression_type=_compression(cfg.data))
+        ys = np.stack([tf.io.parse_single_example(r, spec)["y"].numpy() for r in raw])
+    return ys[:, target_index]

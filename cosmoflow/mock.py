@@ -1,0 +1,266 @@
+"""Mock universes for CosmoFlow, from physics, in the real file formats.
+
+For each sample: draw (Omega_m, sigma_8, n_s, H0) uniformly in ranges around
+Planck; get the linear matter power spectrum P(k) at z = 0 from colossus
+(Eisenstein & Hu transfer function, normalised to sigma_8); draw a Gaussian
+random field with that spectrum on a particle lattice; move the particles by
+the Zel'dovich displacement scaled by the linear growth factor D(z)/D(0) at
+each redshift (default z = 3, 1.5, 0.5, 0); count particles per voxel (int16,
+one channel per redshift).  Targets are normalised to [-1, 1] over the ranges,
+like ``unitPar`` in the MLPerf data.
+
+    python -m cosmoflow.mock --config configs/cosmoflow/demo.yaml
+    python -m cosmoflow.mock --out DIR --n-train 64 --n-valid 16 --size 64 [--format hdf5]
+
+Output layout: ``DIR/train/`` and ``DIR/validation/``, one TFRecord file per
+sample (MLPerf layout: ``x`` int16 bytes, ``y`` float32[4]), or HDF5 files with
+``full`` (counts, channels last) and ``unitPar``.  The directory appears only
+when complete (written to ``DIR.partial`` and renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import sys
+
+import numpy as np
+from tqdm import tqdm
+
+from cosmoflow.config import TARGET_NAMES, MockSection
+
+OMEGA_B = 0.049  # baryon density, fixed (Planck 2018)
+
+
+# -- physics ------------------------------------------------------------------
+
+def draw_parameters(rng: np.random.Generator, mock: MockSection) -> np.ndarray:
+    """(Omega_m, sigma_8, n_s, H0) drawn uniformly in the configured ranges."""
+    ranges = parameter_ranges(mock)
+    return np.array([rng.uniform(lo, hi) for lo, hi in ranges])
+
+
+def parameter_ranges(mock: MockSection) -> list[tuple[float, float]]:
+    return [tuple(mock.omega_m_range), tuple(mock.sigma_8_range), tuple(mock.n_s_range), tuple(mock.h0_range)]
+
+
+def normalise_targets(params: np.ndarray, mock: MockSection) -> np.ndarray:
+    """Physical parameters -> [-1, 1] over the configured ranges (``unitPar``)."""
+    lo, hi = np.array(parameter_ranges(mock)).T
+    return (2.0 * (params - lo) / (hi - lo) - 1.0).astype(np.float32)
+
+
+def cosmology_for(params: np.ndarray):
+    from colossus.cosmology import cosmology
+
+    omega_m, sigma_8, n_s, h0 = (float(p) for p in params)
+    return cosmology.Cosmology(name="mock", flat=True, H0=h0, Om0=omega_m, Ob0=OMEGA_B, sigma8=sigma_8,
+                               ns=n_s, persistence="", print_warnings=False)
+
+
+def wavenumbers(n: int, box_size: float):
+    """|k| in h/Mpc on the rfftn grid of an n^3 box of side ``box_size`` Mpc/h, and its components."""
+    kx = 2.0 * np.pi * np.fft.fftfreq(n, d=box_size / n)
+    kz = 2.0 * np.pi * np.fft.rfftfreq(n, d=box_size / n)
+    kx3, ky3, kz3 = np.meshgrid(kx, kx, kz, indexing="ij", sparse=True)
+    k = np.sqrt(kx3 ** 2 + ky3 ** 2 + kz3 ** 2)
+    return k, (kx3, ky3, kz3)
+
+
+def gaussian_random_field_k(n: int, box_size: float, power, rng: np.random.Generator) -> np.ndarray:
+    """Fourier modes (numpy rfftn convention) of a Gaussian field with spectrum ``power(k)``.
+
+    White noise w of unit variance has <|W_k|^2> = n^3; scaling by
+    sqrt(P(k) / V_cell) gives <|delta_k|^2> = P(k) n^3 / V_cell, i.e.
+    P(k) = V_box / n^6 <|delta_k|^2>.
+    """
+    white = rng.standard_normal((n, n, n))
+    modes = np.fft.rfftn(white)
+    k, _ = wavenumbers(n, box_size)
+    cell_volume = (box_size / n) ** 3
+    amplitude = np.zeros_like(k)
+    nonzero = k > 0
+    amplitude[nonzero] = np.sqrt(power(k[nonzero]) / cell_volume)
+    return modes * amplitude
+
+
+def measure_power_spectrum(delta: np.ndarray, box_size: float, n_bins: int = 16):
+    """Spherically averaged P(k) of a real field (for checks): (k centres, P, modes per bin)."""
+    n = delta.shape[0]
+    modes = np.fft.rfftn(delta)
+    k, _ = wavenumbers(n, box_size)
+    power = np.abs(modes) ** 2 * box_size ** 3 / n ** 6
+    # rfft keeps half the modes: weight the ones whose conjugate is dropped twice.
+    weight = np.full(k.shape, 2.0)
+    weight[..., 0] = 1.0
+    if n % 2 == 0:
+        weight[..., -1] = 1.0
+    k_fundamental = 2 * np.pi / box_size
+    k_nyquist = np.pi * n / box_size
+    edges = np.linspace(k_fundamental * 0.5, k_nyquist, n_bins + 1)
+    index = np.digitize(k.ravel(), edges) - 1
+    valid = (index >= 0) & (index < n_bins)
+    counts = np.bincount(index[valid], weights=weight.ravel()[valid], minlength=n_bins)
+    sums = np.bincount(index[valid], weights=(weight * power).ravel()[valid], minlength=n_bins)
+    ksum = np.bincount(index[valid], weights=(weight * k).ravel()[valid], minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return ksum / counts, sums / counts, counts
+
+
+def zeldovich_counts(delta_k: np.ndarray, lattice: int, box_size: float, grid: int,
+                     growth: np.ndarray) -> np.ndarray:
+    """Particle counts per voxel (grid^3 x len(growth)) after Zel'dovich displacement.
+
+    One particle per lattice site (``lattice``^3 of them); displacement
+    psi_k = i k / k^2 delta_k, positions q + D psi, periodic box, nearest-grid-point counts.
+    """
+    k, components = wavenumbers(lattice, box_size)
+    k2 = k ** 2
+    k2[0, 0, 0] = 1.0
+    spacing = box_size / lattice
+    q = (np.arange(lattice) + 0.5) * spacing
+    positions = np.stack(np.meshgrid(q, q, q, indexing="ij"), axis=-1).reshape(-1, 3)
+    displacement = np.empty_like(positions)
+    for axis, k_axis in enumerate(components):
+        displacement[:, axis] = np.fft.irfftn(1j * k_axis / k2 * delta_k, s=(lattice,) * 3, axes=(0, 1, 2)).ravel()
+    voxel = box_size / grid
+    counts = np.empty((grid, grid, grid, len(growth)), dtype=np.int16)
+    for channel, d in enumerate(growth):
+        cells = np.floor(((positions + d * displacement) % box_size) / voxel).astype(np.int64) % grid
+        flat = (cells[:, 0] * grid + cells[:, 1]) * grid + cells[:, 2]
+        histogram = np.bincount(flat, minlength=grid ** 3)
+        counts[..., channel] = np.minimum(histogram, np.iinfo(np.int16).max).reshape(grid, grid, grid)
+    return counts
+
+
+def make_universe(params: np.ndarray, grid: int, mock: MockSection, rng: np.random.Generator,
+                  box_size: float | None = None) -> np.ndarray:
+    """One sample: int16 counts (grid, grid, grid, len(redshifts))."""
+    cosmo = cosmology_for(params)
+    box = mock.box_size_mpc_h if box_size is None else box_size
+    lattice = grid * mock.particles_per_voxel_side
+    delta_k = gaussian_random_field_k(lattice, box, lambda k: cosmo.matterPowerSpectrum(k, z=0.0), rng)
+    redshifts = np.asarray(mock.redshifts, dtype=float)
+    growth = cosmo.growthFactor(redshifts) / cosmo.growthFactor(0.0)
+    return zeldovich_counts(delta_k, lattice, box, grid, growth)
+
+
+# -- writers ----------------------------------------------------------------------
+
+def write_tfrecord(path, samples, compression: str = "none") -> None:
+    """Samples [(x int16 array, y float32[4])] as TFRecord examples (MLPerf layout)."""
+    import tensorflow as tf
+
+    options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
+    with tf.io.TFRecordWriter(str(path), options) as writer:
+        for x, y in samples:
+            example = tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[np.asarray(x, np.int16).tobytes()])),
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(y, np.float32).tolist())),
+            }))
+            writer.write(example.SerializeToString())
+
+
+def write_hdf5(path, full: np.ndarray, unit_par: np.ndarray, physical: np.ndarray | None = None) -> None:
+    """A raw-format file: ``full`` (counts, channels last) and ``unitPar`` (targets in [-1, 1])."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("full", data=np.asarray(full, np.int16), chunks=True)
+        f.create_dataset("unitPar", data=np.asarray(unit_par, np.float32))
+        if physical is not None:
+            f.create_dataset("physPar", data=np.asarray(physical, np.float64))
+            f["physPar"].attrs["names"] = ",".join(TARGET_NAMES)
+
+
+def generate_dataset(out_dir, n_train: int, n_valid: int, grid: int, mock: MockSection,
+                     file_format: str = "tfrecord", compression: str = "none", crops_per_side: int = 1,
+                     progress: bool = True) -> pathlib.Path:
+    """Write ``out_dir/train`` and ``out_dir/validation``; atomic at the directory level."""
+    out_dir = pathlib.Path(out_dir)
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    extension = {"tfrecord": ".tfrecord" + (".gz" if compression == "gzip" else ""), "hdf5": ".h5"}[file_format]
+    side = grid * crops_per_side
+    box = mock.box_size_mpc_h * crops_per_side
+    for split_id, (split, count) in enumerate((("train", n_train), ("validation", n_valid))):
+        split_dir = partial / split
+        split_dir.mkdir(parents=True)
+        for index in tqdm(range(count), desc=f"mock {split}", disable=not progress, file=sys.stderr):
+            rng = np.random.default_rng([mock.seed, split_id, index])
+            params = draw_parameters(rng, mock)
+            counts = make_universe(params, side, mock, rng, box_size=box)
+            unit = normalise_targets(params, mock)
+            path = split_dir / f"univ_{split}_{index:06d}{extension}"
+            if file_format == "tfrecord":
+                write_tfrecord(path, [(counts, unit)], compression)
+            else:
+                write_hdf5(path, counts, unit, params)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    partial.rename(out_dir)
+    return out_dir
+
+
+def dataset_present(data_dir) -> bool:
+    data_dir = pathlib.Path(data_dir)
+    return all(any((data_dir / split).glob("*")) for split in ("train", "validation")) if data_dir.is_dir() else False
+
+
+def ensure_mock_data(cfg, progress: bool = True) -> bool:
+    """Generate the configured mock dataset when it is missing; True if it wrote one."""
+    data = cfg.data
+    if dataset_present(data.data_dir):
+        return False
+    grid = data.sample_shape[0]
+    if len(set(data.sample_shape[:3])) != 1:
+        raise ValueError("mock volumes are cubes: data.sample_shape must have three equal spatial sizes")
+    if data.sample_shape[3] != len(data.mock.redshifts):
+        raise ValueError(f"data.sample_shape has {data.sample_shape[3]} channels but data.mock.redshifts has "
+                         f"{len(data.mock.redshifts)}")
+    generate_dataset(data.data_dir, data.mock.n_train, data.mock.n_valid, grid, data.mock,
+                     file_format=data.format, compression=data.compression, progress=progress)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cosmoflow.mock", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="take data_dir, shape, format and mock settings from this config")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--out", help="output directory (default: the config's data.data_dir)")
+    parser.add_argument("--n-train", type=int)
+    parser.add_argument("--n-valid", type=int)
+    parser.add_argument("--size", type=int, help="voxels per side of one sample")
+    parser.add_argument("--format", choices=["tfrecord", "hdf5"])
+    parser.add_argument("--gzip", action="store_true", help="GZIP-compressed TFRecords")
+    parser.add_argument("--crops-per-side", type=int, default=1, help="HDF5: volumes of (size * this)^3, cut into crops")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--force", action="store_true", help="regenerate even when the data is present")
+    args = parser.parse_args(argv)
+
+    from common.cli import exit_on_user_error
+    from common.config import load_config
+    from cosmoflow.config import CosmoflowConfig
+
+    with exit_on_user_error():
+        raw_defaults = {"data": {"data_dir": args.out or "data/cosmoflow-mock"}}
+        cfg = load_config(CosmoflowConfig, args.config, args.set, defaults=raw_defaults)
+        data = cfg.data
+        out = pathlib.Path(args.out or data.data_dir)
+        mock = data.mock.model_copy(update={"seed": args.seed} if args.seed is not None else {})
+        if dataset_present(out) and not args.force:
+            print(f"mock data already present in {out}; --force regenerates it")
+            return 0
+        grid = args.size or data.sample_shape[0]
+        generate_dataset(out, args.n_train or mock.n_train, args.n_valid or mock.n_valid, grid, mock,
+                         file_format=args.format or data.format,
+                         compression="gzip" if args.gzip else data.compression,
+                         crops_per_side=args.crops_per_side)
+        print(f"wrote mock universes to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The CosmoFlow network (MLPerf HPC reference architecture, with knobs).
+
+Input (x, y, z, redshifts) channels-last ->
+``conv_blocks`` x [Conv3D(base_filters * multiplier**i, kernel, same, bias) ->
+LeakyReLU -> MaxPool3D] -> Flatten -> [Dense -> LeakyReLU -> Dropout] per
+``dense_units`` -> Dense(n_targets, tanh) x ``output_scale``.
+
+``configs/cosmoflow/mlperf.yaml`` gives the reference network at 128^3 x 4:
+8,907,556 parameters, 68.86 GFLOP forward per sample.  The SC18 variant
+(16 filters, kernel 2, valid padding, batch norm, 64^3 x 1, 3 targets) is a
+matter of config.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import layers
+
+from cosmoflow.config import CosmoflowConfig
+
+
+def build_model(cfg: CosmoflowConfig) -> keras.Model:
+    m = cfg.model
+    n_targets = len(cfg.data.target_names)
+    inputs = keras.Input(shape=tuple(cfg.data.sample_shape), name="volume")
+    x = inputs
+    for i in range(m.conv_blocks):
+        filters = m.base_filters * m.filter_multiplier ** i
+        x = layers.Conv3D(filters, m.kernel_size, padding=m.padding, use_bias=True, name=f"conv{i + 1}")(x)
+        if m.batch_norm:
+            x = layers.BatchNormalization(name=f"batch_normalization{i + 1}")(x)
+        x = layers.LeakyReLU(negative_slope=m.leaky_relu_slope, name=f"conv{i + 1}_act")(x)
+        x = layers.MaxPooling3D(m.pool_size, name=f"pool{i + 1}")(x)
+    x = layers.Flatten(name="flatten")(x)
+    regularizer = keras.regularizers.L2(m.l2) if m.l2 > 0 else None
+    for j, units in enumerate(m.dense_units):
+        x = layers.Dense(units, kernel_regularizer=regularizer, name=f"dense{j + 1}")(x)
+        x = layers.LeakyReLU(negative_slope=m.leaky_relu_slope, name=f"dense{j + 1}_act")(x)
+        if m.dropout > 0:
+            x = layers.Dropout(m.dropout, name=f"dropout{j + 1}")(x)
+    # Outputs in float32 whatever the precision policy.
+    x = layers.Dense(n_targets, activation="tanh", kernel_regularizer=regularizer, dtype="float32", name="targets")(x)
+    outputs = layers.Rescaling(m.output_scale, dtype="float32", name="output_scale")(x)
+    return keras.Model(inputs, outputs, name=m.name)
