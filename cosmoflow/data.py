@@ -144,7 +144,8 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
             record_sharding = not shards_files(len(files), dist)
         records = names.interleave(
             lambda name: tf.data.TFRecordDataset(name, compression_type=_compression(data)),
-            cycle_length=min(8, max(1, len(files))), num_parallel_calls=AUTOTUNE, deterministic=True)
+            # Evaluation reads files one after another, so samples come in file order.
+            cycle_length=min(8, len(files)) if training else 1, num_parallel_calls=AUTOTUNE, deterministic=True)
         if record_sharding:
             records = records.shard(dist.size, dist.rank)
         return records.map(lambda r: parse_example(r, shape), num_parallel_calls=AUTOTUNE)
@@ -199,6 +200,16 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     return Datasets(train=train, validation=validation, steps_per_epoch=steps, validation_steps=valid_steps,
                     train_samples=steps * data.batch_size * dist.size,
                     validation_samples=valid_steps * data.batch_size * dist.size)
+
+
+def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple[tf.data.Dataset, int]:
+    """Every sample of a split, in file order, in batches (the last one may be short)."""
+    files, used, index = _split_samples(cfg, split, None, "data")
+    records = _records(cfg, files, index, Distributed(None), cfg.train.seed, training=False)
+    target_index = [TARGET_NAMES.index(n) for n in cfg.data.target_names]
+    dataset = records.map(lambda x, y: (normalise(x, cfg.data.apply_log), tf.gather(y, target_index)),
+                          num_parallel_calls=AUTOTUNE)
+    return dataset.batch(cfg.data.batch_size).prefetch(AUTOTUNE), used
 
 
 def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:

@@ -1,0 +1,117 @@
+"""Evaluate a CosmoFlow run.
+
+    python -m cosmoflow.evaluate --run-dir runs/demo [--split validation] [--data-dir D]
+
+Writes ``RUN/metrics.json``::
+
+    {"mae": {"Omega_m": x, "sigma_8": x, ...}, "mae_overall": x,
+     "baseline_mae": {...}, "baseline_mae_overall": x, "n_samples": N, "split": "validation"}
+
+MAEs are in the normalised target units ([-1, 1], as MLPerf reports them);
+the baseline predicts the training-set mean of each target.  Also writes
+``pred_vs_true.png`` (one panel per parameter) and ``training_curves.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+from common.cli import exit_on_user_error
+from common.errors import UserInputError
+
+
+def mean_absolute_errors(predictions: np.ndarray, targets: np.ndarray, names) -> dict[str, float]:
+    return {name: float(np.mean(np.abs(predictions[:, i] - targets[:, i]))) for i, name in enumerate(names)}
+
+
+def plot_predictions(predictions, targets, names, out_png) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.6), squeeze=False)
+    for i, (axis, name) in enumerate(zip(axes[0], names)):
+        axis.scatter(targets[:, i], predictions[:, i], s=8, alpha=0.6)
+        axis.plot([-1.2, 1.2], [-1.2, 1.2], color="k", lw=0.8)
+        mae = np.mean(np.abs(predictions[:, i] - targets[:, i]))
+        axis.set_title(f"{name} (MAE {mae:.3f})")
+        axis.set_xlabel("true (normalised)")
+        axis.set_ylabel("predicted")
+        axis.set_xlim(-1.2, 1.2)
+        axis.set_ylim(-1.2, 1.2)
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def evaluate(run_dir, split: str = "validation", data_dir: str | None = None) -> dict:
+    import keras
+
+    import common.optimizers  # noqa: F401  (registers the project's custom objects)
+    import common.schedules  # noqa: F401
+    from common.config import load_config
+    from common.plots import plot_training_curves
+    from cosmoflow.config import CosmoflowConfig
+    from cosmoflow.data import evaluation_dataset, read_targets
+
+    run_dir = pathlib.Path(run_dir)
+    for required in ("config.yaml", "model.keras"):
+        if not (run_dir / required).is_file():
+            raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
+    overrides = [f"data.data_dir={data_dir}"] if data_dir else []
+    cfg = load_config(CosmoflowConfig, run_dir / "config.yaml", overrides)
+    names = list(cfg.data.target_names)
+
+    model = keras.models.load_model(run_dir / "model.keras")
+    dataset, count = evaluation_dataset(cfg, split)
+    predictions, targets = [], []
+    for x, y in dataset:
+        predictions.append(np.asarray(model(x, training=False)))
+        targets.append(y.numpy())
+    predictions = np.concatenate(predictions)
+    targets = np.concatenate(targets)
+
+    train_mean = read_targets(cfg, "train").mean(axis=0)
+    baseline = np.broadcast_to(train_mean, targets.shape)
+    metrics = {
+        "split": split,
+        "n_samples": int(count),
+        "mae": mean_absolute_errors(predictions, targets, names),
+        "mae_overall": float(np.mean(np.abs(predictions - targets))),
+        "baseline_mae": mean_absolute_errors(baseline, targets, names),
+        "baseline_mae_overall": float(np.mean(np.abs(baseline - targets))),
+        "units": "normalised targets in [-1, 1]",
+    }
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    plot_predictions(predictions, targets, names, run_dir / "pred_vs_true.png")
+    if (run_dir / "history.csv").is_file():
+        plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png", metrics=("loss", "mae"))
+    return metrics
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cosmoflow.evaluate", description="Evaluate a CosmoFlow run.")
+    parser.add_argument("--run-dir", required=True, help="a training run directory (holds model.keras, config.yaml)")
+    parser.add_argument("--split", default="validation", choices=["validation", "train"])
+    parser.add_argument("--data-dir", help="evaluate on another dataset of the same layout")
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        metrics = evaluate(args.run_dir, args.split, args.data_dir)
+    width = max(len(n) for n in metrics["mae"])
+    print(f"{metrics['split']} set, {metrics['n_samples']} samples; MAE in normalised units (model vs training mean):")
+    for name, value in metrics["mae"].items():
+        print(f"  {name:<{width}}  {value:.4f}   vs {metrics['baseline_mae'][name]:.4f}")
+    print(f"  {'overall':<{width}}  {metrics['mae_overall']:.4f}   vs {metrics['baseline_mae_overall']:.4f}")
+    print(f"wrote {pathlib.Path(args.run_dir) / 'metrics.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

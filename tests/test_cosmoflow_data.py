@@ -1,0 +1,135 @@
+"""CosmoFlow readers on files written here in the real formats (TFRecord, GZIP, HDF5)."""
+
+import h5py
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common.config import validate
+from common.distributed import Distributed
+from common.errors import DataError
+from cosmoflow.config import CosmoflowConfig
+from cosmoflow.data import build_datasets, evaluation_dataset, read_targets
+
+SHAPE = (8, 8, 8, 4)
+
+
+def config(data_dir, **data):
+    raw = {"data": {"data_dir": str(data_dir), "sample_shape": list(SHAPE), "batch_size": 2, **data}}
+    return validate(CosmoflowConfig, raw, "test")
+
+
+def write_tfrecords(directory, samples, per_file=1, gzip=False):
+    """Written with TF's own writer and tf.train.Example, independently of cosmoflow.mock."""
+    directory.mkdir(parents=True)
+    options = tf.io.TFRecordOptions(compression_type="GZIP" if gzip else "")
+    suffix = ".tfrecord.gz" if gzip else ".tfrecord"
+    for start in range(0, len(samples), per_file):
+        with tf.io.TFRecordWriter(str(directory / f"part_{start:04d}{suffix}"), options) as writer:
+            for x, y in samples[start:start + per_file]:
+                feature = {"x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.astype("<i2").tobytes()])),
+                           "y": tf.train.Feature(float_list=tf.train.FloatList(value=list(y)))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def make_samples(n, seed):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, 50, SHAPE).astype(np.int16), rng.uniform(-1, 1, 4).astype(np.float32)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("gzip, per_file", [(False, 1), (True, 1), (False, 4)])
+def test_tfrecord_values_and_counts(tmp_path, gzip, per_file):
+    train, valid = make_samples(12, 0), make_samples(8, 1)
+    write_tfrecords(tmp_path / "train", train, per_file, gzip)
+    write_tfrecords(tmp_path / "validation", valid, per_file, gzip)
+    cfg = config(tmp_path, compression="gzip" if gzip else "none", samples_per_file=per_file)
+    datasets = build_datasets(cfg, Distributed(None))
+    assert (datasets.steps_per_epoch, datasets.validation_steps) == (6, 4)
+    assert datasets.train_samples == 12
+
+    # Validation keeps file order: compare every value with log1p of what was written.
+    x, y = next(iter(datasets.validation))
+    np.testing.assert_allclose(x.numpy(), np.log1p(np.stack([s[0] for s in valid[:2]]).astype(np.float32)), rtol=1e-6)
+    np.testing.assert_allclose(y.numpy(), np.stack([s[1] for s in valid[:2]]))
+
+    # One training epoch is a permutation of all training samples.
+    seen = sorted(float(v) for _, y in datasets.train.take(6) for v in y.numpy()[:, 0])
+    assert seen == pytest.approx(sorted(float(s[1][0]) for s in train))
+
+
+def test_target_selection_and_no_log(tmp_path):
+    samples = make_samples(4, 2)
+    write_tfrecords(tmp_path / "train", samples)
+    write_tfrecords(tmp_path / "validation", samples)
+    cfg = config(tmp_path, target_names=["sigma_8", "Omega_m"], apply_log=False)
+    dataset, count = evaluation_dataset(cfg)
+    x, y = next(iter(dataset))
+    assert count == 4 and y.shape == (2, 2)
+    np.testing.assert_allclose(y.numpy(), np.stack([s[1][[1, 0]] for s in samples[:2]]))
+    expected = samples[0][0] / samples[0][0].mean()
+    np.testing.assert_allclose(x.numpy()[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(read_targets(cfg, "train"), np.stack([s[1][[1, 0]] for s in samples]))
+
+
+def test_hdf5_volumes_are_cut_into_crops(tmp_path):
+    rng = np.random.default_rng(5)
+    for split, n in (("train", 2), ("validation", 1)):
+        (tmp_path / split).mkdir()
+        for i in range(n):
+            with h5py.File(tmp_path / split / f"univ_{i}.h5", "w") as f:
+                f["full"] = rng.integers(0, 30, (16, 16, 8, 4)).astype(np.int16)
+                f["unitPar"] = np.full(4, i / 10, np.float32)
+    cfg = config(tmp_path, format="hdf5")
+    datasets = build_datasets(cfg, Distributed(None))
+    assert datasets.train_samples == 2 * 4 and datasets.validation_samples == 4
+    dataset, count = evaluation_dataset(cfg)
+    crops = np.concatenate([x.numpy() for x, _ in dataset])
+    with h5py.File(tmp_path / "validation" / "univ_0.h5") as f:
+        full = np.log1p(f["full"][:].astype(np.float32))
+    expected = [full[i * 8:(i + 1) * 8, j * 8:(j + 1) * 8, :, :] for i in range(2) for j in range(2)]
+    np.testing.assert_allclose(crops, np.stack(expected), rtol=1e-6)
+
+
+def test_two_rank_shards_are_disjoint_and_agree_on_order(tmp_path):
+    write_tfrecords(tmp_path / "train", make_samples(8, 3))
+    write_tfrecords(tmp_path / "validation", make_samples(4, 4))
+    cfg = config(tmp_path)
+
+    class Rank(Distributed):
+        def __init__(self, rank):
+            super().__init__(None)
+            self.rank, self.size = rank, 2
+
+    firsts = []
+    for rank in (0, 1):
+        datasets = build_datasets(cfg, Rank(rank))
+        assert datasets.steps_per_epoch == 2
+        firsts.append({round(float(v), 6) for _, y in datasets.train.take(2) for v in y.numpy()[:, 0]})
+    assert not firsts[0] & firsts[1] and len(firsts[0] | firsts[1]) == 8
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("missing", r"train TFRecord directory not found"),
+    ("empty", "no CosmoFlow train TFRecord files"),
+    ("too_many", r"data.n_train=99 but only 4 samples are present"),
+    ("per_file", "holds 1 records but data.samples_per_file is 2"),
+    ("small", "cannot fill one batch of 2"),
+    ("hdf5_layout", "expected datasets 'full' and 'unitPar'"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, case, pattern):
+    overrides = {}
+    if case != "missing":
+        (tmp_path / "train").mkdir()
+        (tmp_path / "validation").mkdir()
+    if case in ("too_many", "per_file", "small"):
+        (tmp_path / "train").rmdir()
+        (tmp_path / "validation").rmdir()
+        write_tfrecords(tmp_path / "train", make_samples(4 if case != "small" else 1, 0))
+        write_tfrecords(tmp_path / "validation", make_samples(4, 1))
+    overrides = {"too_many": {"n_train": 99}, "per_file": {"samples_per_file": 2}}.get(case, {})
+    if case == "hdf5_layout":
+        with h5py.File(tmp_path / "train" / "bad.h5", "w") as f:
+            f["data"] = np.zeros((8, 8, 8, 4))
+        overrides = {"format": "hdf5"}
+    with pytest.raises(DataError, match=pattern):
+        build_datasets(config(tmp_path, **overrides), Distributed(None))
