@@ -86,11 +86,20 @@ class Throughput(keras.callbacks.Callback):
 
 
 class LearningRateLog(keras.callbacks.Callback):
-    """Puts the learning rate of the epoch's last step into the logs."""
+    """Puts the learning rate used by the epoch's last step into the logs.
+
+    Read just before that step: after it, the optimizer's step counter already
+    points at the next epoch (and possibly past a decay boundary).
+    """
+
+    def on_train_batch_begin(self, batch, logs=None):
+        steps = (self.params or {}).get("steps")
+        if steps is None or batch == steps - 1:
+            self._last_step_learning_rate = float(np.asarray(self.model.optimizer.learning_rate))
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is not None:
-            logs["learning_rate"] = float(np.asarray(self.model.optimizer.learning_rate))
+        if logs is not None and hasattr(self, "_last_step_learning_rate"):
+            logs["learning_rate"] = self._last_step_learning_rate
 
 
 class SaveCheckpoint(keras.callbacks.Callback):
