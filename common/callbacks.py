@@ -10,7 +10,7 @@ import keras
 import numpy as np
 
 from common import checkpoint
-from common.distributed import Distributed
+from common.distributed import SEED_STATE_MARKER, Distributed
 from common.flops import TRAINING_FLOPS_FACTOR
 
 
@@ -30,6 +30,30 @@ class AverageMetricsOverRanks(keras.callbacks.Callback):
             return
         numeric = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating, np.integer))}
         logs.update(self.dist.average_scalars(numeric))
+
+
+class AverageNonTrainableOverRanks(keras.callbacks.Callback):
+    """Average float non-trainable variables (batch-norm moving statistics) over
+    ranks after the last training step of each epoch.
+
+    Each rank updates its moving statistics from its own batches; averaging
+    them before validation and checkpointing makes every rank validate, and
+    rank 0 save, the same model.
+    """
+
+    def __init__(self, dist: Distributed):
+        super().__init__()
+        self.dist = dist
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps = (self.params or {}).get("steps")
+        if self.dist.size == 1 or steps is None or batch != steps - 1:
+            return
+        for variable in self.model.non_trainable_weights:
+            if SEED_STATE_MARKER in variable.path or not str(variable.dtype).startswith(("float", "bfloat")):
+                continue
+            variable.assign(self.dist.allreduce(variable.value, average=True,
+                                                name=f"average_{variable.path.replace('/', '_')}"))
 
 
 class Throughput(keras.callbacks.Callback):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import keras
 
+from common.errors import ConfigError
+
 POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16", "mixed_bfloat16": "mixed_bfloat16"}
 
 
@@ -27,3 +29,13 @@ def needs_loss_scaling(precision: str) -> bool:
 
 def compute_dtype(precision: str) -> str:
     return {"fp32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[precision]
+
+
+def check_device_support(precision: str) -> None:
+    """mixed_float16 is a GPU policy: TensorFlow's CPU kernels lack float16 for
+    ops such as MaxPool3D, so fail early with a message instead of mid-graph."""
+    import tensorflow as tf
+
+    if precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+        raise ConfigError("train.precision: mixed_float16 needs a GPU (TensorFlow has no float16 CPU kernels "
+                          "for ops such as MaxPool3D); use mixed_bfloat16 on CPUs")

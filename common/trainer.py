@@ -24,7 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from common import checkpoint, precision
-from common.callbacks import (AverageMetricsOverRanks, EpochReport, LearningRateLog, SaveCheckpoint, Throughput)
+from common.callbacks import (AverageMetricsOverRanks, AverageNonTrainableOverRanks, EpochReport, LearningRateLog,
+                              SaveCheckpoint, Throughput)
 from common.config import AppConfig, save_config
 from common.data import Datasets
 from common.distributed import Distributed
@@ -168,6 +169,7 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
         mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
 
     configure_determinism(cfg, dist)
+    precision.check_device_support(cfg.train.precision)
     precision.set_precision(cfg.train.precision)
 
     if app.prepare_data is not None:
@@ -215,7 +217,8 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
         _log_mlperf_hyperparameters(mlperf_log, app, cfg, datasets, global_batch_size, peak_lr)
 
     throughput = Throughput(global_batch_size, forward_flops, peak_flops_total, cfg.train.throughput_warmup_steps)
-    callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog(), AverageMetricsOverRanks(dist)]
+    callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog(), AverageNonTrainableOverRanks(dist),
+                                                 AverageMetricsOverRanks(dist)]
     mlperf_callback = None
     if dist.is_root:
         callbacks.append(SaveCheckpoint(checkpoint_dir, keep=cfg.train.keep_checkpoints))

@@ -61,6 +61,7 @@ class CosmoModelSection(Section):
     padding: Literal["same", "valid"] = "same"
     pool_size: PositiveInt = 2
     batch_norm: bool = False
+    batch_norm_momentum: float = Field(0.99, gt=0.0, lt=1.0, description="moving-statistics momentum")
     dense_units: list[PositiveInt] = Field(default_factory=lambda: [128, 64])
     dropout: float = Field(0.5, ge=0.0, lt=1.0)
     l2: NonNegativeFloat = Field(0.0, description="L2 on the dense kernels")

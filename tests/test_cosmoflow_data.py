@@ -133,3 +133,22 @@ def test_bad_input_is_a_clear_error(tmp_path, case, pattern):
         overrides = {"format": "hdf5"}
     with pytest.raises(DataError, match=pattern):
         build_datasets(config(tmp_path, **overrides), Distributed(None))
+
+
+def test_staging_copies_this_ranks_share(tmp_path):
+    write_tfrecords(tmp_path / "train", make_samples(6, 8))
+    write_tfrecords(tmp_path / "validation", make_samples(4, 9))
+    stage = tmp_path / "stage"
+    cfg = config(tmp_path, stage_dir=str(stage))
+
+    class Rank1(Distributed):
+        def __init__(self):
+            super().__init__(None)
+            self.rank, self.size = 1, 2
+
+    datasets = build_datasets(cfg, Rank1())
+    staged = sorted(p.name for p in (stage / "rank-1").iterdir())
+    assert staged == ["part_0001.tfrecord", "part_0003.tfrecord", "part_0005.tfrecord"]
+    values = sorted(round(float(v), 6) for _, y in datasets.train.take(1) for v in y.numpy()[:, 0])
+    originals = {round(float(s[1][0]), 6) for i, s in enumerate(make_samples(6, 8)) if i % 2 == 1}
+    assert set(values) <= originals

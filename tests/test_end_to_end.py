@@ -119,3 +119,24 @@ def test_missing_data_is_exit_2(tmp_path):
     result = train(tmp_path / "nowhere", tmp_path / "run", check=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: ") and "nowhere/train" in result.stderr
+
+
+def test_mixed_bfloat16_and_measured_peak(tiny_cosmo_data, tmp_path):
+    precision = "mixed_bfloat16"
+    run_dir = tmp_path / "run"
+    result = train(tiny_cosmo_data, run_dir, "--set", f"train.precision={precision}", "--measure-peak", epochs=1)
+    assert "measured peak" in result.stdout and "% of peak" in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["precision"] == precision and np.isfinite(summary["final"]["loss"])
+    assert 0 < summary["ratio_to_peak"] < 1.5
+    model = keras.models.load_model(run_dir / "model.keras")
+    assert model.output.dtype == "float32"
+    assert model.get_layer("conv1").compute_dtype == precision.split("_")[1]
+    state = checkpoint.read_state(checkpoint.latest_checkpoint(run_dir / "checkpoints"))
+    assert not any("dynamic_scale" in p for p in state["optimizer_paths"])   # no loss scaling for bfloat16
+
+
+def test_float16_without_gpu_is_a_config_error(tiny_cosmo_data, tmp_path):
+    # Loss scaling itself is exercised on two ranks in test_horovod.py (a model with CPU float16 kernels).
+    result = train(tiny_cosmo_data, tmp_path / "run", "--set", "train.precision=mixed_float16", check=False)
+    assert result.returncode == 2 and "use mixed_bfloat16 on CPUs" in result.stderr

@@ -37,10 +37,23 @@ def test_split_global_batch_equals_whole_batch_on_one_rank(tmp_path):
         np.testing.assert_allclose(split[key], single[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+def test_loss_scaling_skips_a_step_on_every_rank_together(tmp_path):
+    run_python([WORKER, str(tmp_path / "rank{rank}.npz"), "--float16"], ranks=2)
+    rank0, rank1 = load(tmp_path / "rank0.npz"), load(tmp_path / "rank1.npz")
+    for key in (k for k in rank0 if k.startswith("w")):
+        np.testing.assert_array_equal(rank0[key], rank1[key], err_msg=key)
+        assert np.all(np.isfinite(rank0[key]))
+    # Step 2 overflowed on rank 1 only; the allreduced gradients are non-finite on both ranks,
+    # so both skipped it (2 of 3 steps applied) and halved the loss scale.
+    assert int(rank0["iterations"]) == int(rank1["iterations"]) == 2
+    assert float(rank0["loss_scale"]) == float(rank1["loss_scale"]) == 2.0 ** 9
+
+
 def test_cosmoflow_two_ranks_end_to_end(tiny_cosmo_data, tmp_path):
     run_dir = tmp_path / "run"
     result = run_python(["-m", "cosmoflow.train", "--config", str(REPO / "configs/cosmoflow/demo.yaml"),
-                         *tiny_cosmo_overrides(tiny_cosmo_data, epochs=2), "--output-dir", str(run_dir)], ranks=2)
+                         *tiny_cosmo_overrides(tiny_cosmo_data, epochs=2), "--set", "model.batch_norm=true",
+                         "--output-dir", str(run_dir)], ranks=2)
     assert "2 rank(s) [horovod]" in result.stdout
     epoch_lines = [l for l in result.stdout.splitlines() if "epoch 2/2:" in l]
     assert len(epoch_lines) == 1, "only rank 0 reports"
@@ -50,7 +63,8 @@ def test_cosmoflow_two_ranks_end_to_end(tiny_cosmo_data, tmp_path):
     assert summary["samples_per_second"] > 0 and summary["tflops_per_second"] > 0
 
     # Validation metrics are averaged over ranks: with 16 validation samples split 8/8, the logged
-    # val_mae of the last epoch must equal the MAE over all 16 computed independently here.
+    # val_mae of the last epoch must equal the MAE over all 16 computed independently here.  With
+    # batch norm this also needs the moving statistics averaged over ranks before validation.
     run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(run_dir)])
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["n_samples"] == 16
