@@ -1,0 +1,67 @@
+"""The HEP CNN config schema: the shared sections plus ``data`` and ``model``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+from common.config import AppConfig, DataSection, Section
+
+
+class SynthSection(Section):
+    """Synthetic events written by ``python -m hep_cnn.synth`` (and by train when missing)."""
+
+    generate_if_missing: bool = False
+    n_train: PositiveInt = 4000
+    n_validation: PositiveInt = 1000
+    n_test: PositiveInt = 2000
+    signal_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    events_per_file: PositiveInt = 1000
+    seed: int = 2017
+
+
+class HepDataSection(DataSection):
+    layout: Literal["all_events", "benchmark"] = "all_events"
+    image_size: PositiveInt = Field(64, description="eta x phi bins (64: |eta| < 2.5; 224: |eta| < 5)")
+    channels: Literal[1, 3] = Field(3, description="1: calorimeter energy; 3: + EM energy + track count")
+    split: Literal["by_name", "fractions"] = Field(
+        "by_name", description="files named *train*/*val*/*test*, or one event list cut by data.fractions")
+    fractions: tuple[PositiveFloat, PositiveFloat, PositiveFloat] = (0.8, 0.1, 0.1)
+    chunk_size: PositiveInt = Field(256, description="events per HDF5 read")
+    shuffle_buffer: NonNegativeInt = Field(2048, description="events in the shuffle buffer after reading")
+    scale_by_maxima: bool = Field(True, description="divide each channel by its training-set maximum")
+    maxima_file: str = Field("channel_maxima.json", description="written beside the data by python -m hep_cnn.maxima")
+    weight_normalisation: Literal["none", "max", "log1p"] = "max"
+    augment: bool = Field(False, description="random eta flip and phi roll (the detector is symmetric)")
+    n_train: PositiveInt | None = None
+    n_validation: PositiveInt | None = None
+    synth: SynthSection = Field(default_factory=SynthSection)
+
+    @model_validator(mode="after")
+    def _fractions_sum_to_one(self):
+        if abs(sum(self.fractions) - 1.0) > 1e-6:
+            raise ValueError(f"data.fractions must sum to 1, got {list(self.fractions)}")
+        return self
+
+
+class HepModelSection(Section):
+    name: Literal["hep_cnn"] = "hep_cnn"
+    conv_units: PositiveInt = Field(3, description="units of Conv -> ReLU -> MaxPool -> Dropout")
+    filters: PositiveInt = 128
+    kernel_size: PositiveInt = 3
+    final_conv: bool = Field(False, description="one more Conv -> ReLU after the units (224 benchmark)")
+    head: Literal["global_average", "dense"] = "dense"
+    dense_units: PositiveInt = 512
+    dropout: float = Field(0.5, ge=0.0, lt=1.0)
+    output: Literal["softmax", "sigmoid"] = "softmax"
+
+
+class HepLossSection(Section):
+    weighted: bool = Field(False, description="weight the cross-entropy by the (normalised) event weights")
+
+
+class HepConfig(AppConfig):
+    data: HepDataSection
+    model: HepModelSection = Field(default_factory=HepModelSection)
+    loss: HepLossSection = Field(default_factory=HepLossSection)

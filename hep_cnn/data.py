@@ -1,0 +1,245 @@
+"""HEP CNN data: readers for both published HDF5 layouts and the tf.data pipeline.
+
+- ``all_events`` (ATLAS-style RPV files): group ``all_events/`` with ``hist``,
+  ``histEM``, ``histtrack`` (N, H, W), ``y`` (1 signal, 0 background),
+  ``weight``, ``passSR``.
+- ``benchmark`` (SC17 benchmark files): root ``data`` (N, 3, H, W) NCHW,
+  ``label``, ``normweight``, ``weight``, ``psr``.
+
+Images come out channels-last (H = eta, W = phi), 1 or 3 channels, divided by
+the training-set maximum of each channel (``python -m hep_cnn.maxima``, stored
+beside the data).  Event weights are normalised as configured (none, w / max,
+log1p).  Splits: files named ``*train*``, ``*val*``, ``*test*``, or all files'
+events in order cut by ``data.fractions``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import h5py
+import numpy as np
+import tensorflow as tf
+
+from common.data import Datasets, list_files, select_count, steps_for
+from common.distributed import Distributed
+from common.errors import DataError
+from hep_cnn.config import HepConfig
+
+AUTOTUNE = tf.data.AUTOTUNE
+SPLIT_NAMES = {"train": ("train",), "validation": ("val",), "test": ("test",)}
+LAYOUT_KEYS = {
+    "all_events": {"images": ("all_events/hist", "all_events/histEM", "all_events/histtrack"),
+                   "label": "all_events/y", "weight": "all_events/weight", "pass_sr": "all_events/passSR"},
+    "benchmark": {"images": ("data",), "label": "label", "weight": "weight", "pass_sr": "psr"},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    path: str
+    start: int
+    stop: int
+
+
+# -- files and splits ---------------------------------------------------------------
+
+def _check_layout(path: str, layout: str, image_size: int) -> int:
+    """Events in one file, after checking its datasets and shapes."""
+    keys = LAYOUT_KEYS[layout]
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in (*keys["images"], keys["label"], keys["weight"], keys["pass_sr"]) if k not in f]
+            if missing:
+                raise DataError(f"{path}: missing datasets {missing} for data.layout={layout}")
+            shape = f[keys["images"][0]].shape
+            n = len(f[keys["label"]])
+    except OSError as exc:
+        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+    expected = (n, 3, image_size, image_size) if layout == "benchmark" else (n, image_size, image_size)
+    if shape != expected:
+        raise DataError(f"{path}: {keys['images'][0]} has shape {shape}, expected {expected} "
+                        f"(data.image_size={image_size})")
+    return n
+
+
+def split_chunks(cfg: HepConfig, split: str) -> list[Chunk]:
+    """The chunks of events (file, start, stop) that make up one split."""
+    data = cfg.data
+    files = list_files(data.data_dir, ("*.h5", "*.hdf5"), "HEP event")
+    if data.split == "by_name":
+        files = [f for f in files if any(tag in pathlib.Path(f).name for tag in SPLIT_NAMES[split])]
+        if not files:
+            raise DataError(f"{data.data_dir}: no files with {' or '.join(SPLIT_NAMES[split])} in their name "
+                            f"for the {split} split (or set data.split: fractions)")
+        ranges = [(f, 0, _check_layout(f, data.layout, data.image_size)) for f in files]
+    else:
+        sizes = [(f, _check_layout(f, data.layout, data.image_size)) for f in files]
+        total = sum(n for _, n in sizes)
+        bounds = np.cumsum([0.0, *data.fractions]) * total
+        index = ("train", "validation", "test").index(split)
+        lo, hi = int(round(bounds[index])), int(round(bounds[index + 1]))
+        ranges, offset = [], 0
+        for f, n in sizes:
+            start, stop = max(lo, offset) - offset, min(hi, offset + n) - offset
+            if stop > start:
+                ranges.append((f, start, stop))
+            offset += n
+    size = data.chunk_size
+    return [Chunk(f, s, min(s + size, stop)) for f, start, stop in ranges for s in range(start, stop, size)]
+
+
+def limit_chunks(chunks: list[Chunk], requested: int | None, key: str, where: str) -> tuple[list[Chunk], int]:
+    available = sum(c.stop - c.start for c in chunks)
+    used = select_count(available, requested, key, where)
+    out, remaining = [], used
+    for c in chunks:
+        if remaining <= 0:
+            break
+        take = min(remaining, c.stop - c.start)
+        out.append(Chunk(c.path, c.start, c.start + take))
+        remaining -= take
+    return out, used
+
+
+# -- reading ----------------------------------------------------------------------------
+
+def read_chunk(path: str, start: int, stop: int, layout: str, channels: int):
+    """(images N x H x W x C float32, labels int32, weights float32, pass_sr int32), unscaled."""
+    keys = LAYOUT_KEYS[layout]
+    with h5py.File(path, "r") as f:
+        if layout == "benchmark":
+            images = np.transpose(f["data"][start:stop, :channels], (0, 2, 3, 1))
+        else:
+            images = np.stack([f[k][start:stop] for k in keys["images"][:channels]], axis=-1)
+        labels = f[keys["label"]][start:stop]
+        weights = f[keys["weight"]][start:stop]
+        pass_sr = f[keys["pass_sr"]][start:stop]
+    return (np.asarray(images, np.float32), np.asarray(labels, np.int32).reshape(-1),
+            np.asarray(weights, np.float32).reshape(-1), np.asarray(pass_sr, np.int32).reshape(-1))
+
+
+def compute_maxima(cfg: HepConfig) -> dict:
+    """Per-channel image maxima and the weight maximum over the training split."""
+    channel_max = np.zeros(3, np.float64)
+    weight_max = 0.0
+    for chunk in split_chunks(cfg, "train"):
+        images, _, weights, _ = read_chunk(chunk.path, chunk.start, chunk.stop, cfg.data.layout, 3)
+        channel_max = np.maximum(channel_max, images.reshape(-1, 3).max(axis=0))
+        weight_max = max(weight_max, float(weights.max()))
+    return {"channel_max": channel_max.tolist(), "weight_max": weight_max,
+            "layout": cfg.data.layout, "image_size": cfg.data.image_size}
+
+
+def maxima_path(cfg: HepConfig) -> pathlib.Path:
+    return pathlib.Path(cfg.data.data_dir) / cfg.data.maxima_file
+
+
+def load_maxima(cfg: HepConfig) -> dict:
+    path = maxima_path(cfg)
+    if not path.is_file():
+        raise DataError(f"{path}: training-set maxima not found; run python -m hep_cnn.maxima --config <config>")
+    try:
+        maxima = json.loads(path.read_text())
+        assert len(maxima["channel_max"]) == 3 and maxima["weight_max"] > 0
+    except (ValueError, KeyError, AssertionError, TypeError):
+        raise DataError(f"{path}: expected JSON with channel_max (3 numbers) and weight_max > 0") from None
+    return maxima
+
+
+def normalise_weights(weights, mode: str, weight_max: float):
+    if mode == "max":
+        return weights / weight_max
+    if mode == "log1p":
+        return tf.math.log1p(weights)
+    return weights
+
+
+# -- tf.data ------------------------------------------------------------------------------
+
+def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed, seed: int, training: bool):
+    """Per-event (image, label, weight, pass_sr) for this rank."""
+    data = cfg.data
+    shape = (data.image_size, data.image_size, data.channels)
+    scale = np.array(maxima["channel_max"][:data.channels], np.float32) if data.scale_by_maxima else None
+    table = tf.data.Dataset.from_tensor_slices(([c.path for c in chunks], [c.start for c in chunks],
+                                                [c.stop for c in chunks]))
+    if training:
+        table = table.shuffle(len(chunks), seed=seed, reshuffle_each_iteration=True)
+    shard_chunks = len(chunks) >= dist.size
+    if shard_chunks:
+        table = table.shard(dist.size, dist.rank)
+
+    def read(path, start, stop):
+        images, labels, weights, pass_sr = tf.numpy_function(
+            lambda p, a, b: read_chunk(p.decode(), int(a), int(b), data.layout, data.channels),
+            [path, start, stop], [tf.float32, tf.int32, tf.float32, tf.int32], stateful=False)
+        images.set_shape((None, *shape))
+        for t in (labels, weights, pass_sr):
+            t.set_shape((None,))
+        if scale is not None:
+            images = images / np.maximum(scale, 1e-12)
+        weights = normalise_weights(weights, data.weight_normalisation, maxima["weight_max"])
+        return tf.data.Dataset.from_tensor_slices((images, labels, weights, pass_sr))
+
+    events = table.interleave(read, cycle_length=4 if training else 1, num_parallel_calls=AUTOTUNE,
+                              deterministic=True)
+    if not shard_chunks:
+        events = events.shard(dist.size, dist.rank)
+    return events
+
+
+def augment(image, seed):
+    """Random eta flip and phi roll: the detector is symmetric in both."""
+    flip = tf.random.stateless_uniform([], seed=seed) < 0.5
+    image = tf.cond(flip, lambda: tf.reverse(image, [0]), lambda: image)
+    shift = tf.random.stateless_uniform([], seed=seed + 1, maxval=tf.shape(image)[1], dtype=tf.int32)
+    return tf.roll(image, shift, axis=1)
+
+
+def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed: int) -> tf.data.Dataset:
+    data = cfg.data
+    as_float = cfg.model.output == "sigmoid"
+
+    def to_example(image, label, weight, _pass_sr):
+        target = tf.cast(label, tf.float32)[None] if as_float else label
+        if cfg.loss.weighted:
+            return image, target, weight
+        return image, target
+
+    if training and data.shuffle_buffer:
+        events = events.shuffle(data.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if training and data.augment:
+        seeds = tf.data.Dataset.random(seed=seed).batch(2)
+        events = tf.data.Dataset.zip((events, seeds)).map(
+            lambda e, s: (augment(e[0], s), *e[1:]), num_parallel_calls=AUTOTUNE)
+    return events.map(to_example, num_parallel_calls=AUTOTUNE).batch(
+        data.batch_size, drop_remainder=True).prefetch(AUTOTUNE)
+
+
+def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
+    data = cfg.data
+    seed = cfg.train.seed
+    maxima = load_maxima(cfg)
+    train_chunks, n_train = limit_chunks(split_chunks(cfg, "train"), data.n_train, "data.n_train", data.data_dir)
+    valid_chunks, n_valid = limit_chunks(split_chunks(cfg, "validation"), data.n_validation, "data.n_validation",
+                                         data.data_dir)
+    steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (train)")
+    valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (validation)")
+    train = _batches(cfg, _events(cfg, train_chunks, maxima, dist, seed, True).repeat(), True, seed)
+    validation = _batches(cfg, _events(cfg, valid_chunks, maxima, dist, seed, False).repeat(), False, seed)
+    return Datasets(train=train, validation=validation, steps_per_epoch=steps, validation_steps=valid_steps,
+                    train_samples=steps * data.batch_size * dist.size,
+                    validation_samples=valid_steps * data.batch_size * dist.size)
+
+
+def evaluation_events(cfg: HepConfig, split: str = "test"):
+    """Every event of a split in file order: batches of (images, labels, raw weights, pass_sr)."""
+    maxima = load_maxima(cfg)
+    chunks = split_chunks(cfg, split)
+    raw = cfg.model_copy(deep=True)
+    raw.data.weight_normalisation = "none"
+    events = _events(raw, chunks, maxima, Distributed(None), cfg.train.seed, training=False)
+    return events.batch(cfg.data.batch_size).prefetch(AUTOTUNE)

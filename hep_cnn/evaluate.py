@@ -1,0 +1,103 @@
+"""Evaluate a HEP CNN run on the held-out test split, against the cut-based selection.
+
+    python -m hep_cnn.evaluate --run-dir runs/hep [--split test] [--data-dir D]
+
+Writes ``RUN/metrics.json`` (``accuracy``, weighted ``auc``, ``cut_tpr``,
+``cut_fpr``, ``tpr_at_cut_fpr``, ``tpr_ratio_to_cuts``), ``RUN/predictions.npz``
+(``scores``, ``labels``, ``weights``, ``pass_sr``) and ``RUN/roc.png`` (the
+weighted ROC with the cut-based point marked).  Weighted quantities use the
+raw physics event weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+from common.cli import exit_on_user_error
+from common.errors import UserInputError
+
+
+def plot_roc(fpr, tpr, metrics, out_png) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(5, 4.2))
+    axis.plot(fpr, tpr, label=f"CNN (weighted AUC {metrics['auc']:.4f})")
+    axis.plot([metrics["cut_fpr"]], [metrics["cut_tpr"]], "r*", ms=12,
+              label=f"cut-based selection (TPR {metrics['cut_tpr']:.3f})")
+    axis.axvline(metrics["cut_fpr"], color="r", lw=0.6, ls=":")
+    axis.plot([metrics["cut_fpr"]], [metrics["tpr_at_cut_fpr"]], "ko", ms=5,
+              label=f"CNN at the cuts' FPR (TPR {metrics['tpr_at_cut_fpr']:.3f})")
+    axis.set_xscale("log")
+    axis.set_xlim(max(1e-4, fpr[fpr > 0].min() if np.any(fpr > 0) else 1e-4), 1.0)
+    axis.set_ylim(0, 1.02)
+    axis.set_xlabel("background efficiency (FPR, weighted)")
+    axis.set_ylabel("signal efficiency (TPR, weighted)")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def evaluate(run_dir, split: str = "test", data_dir: str | None = None) -> dict:
+    import keras
+
+    import common.optimizers  # noqa: F401  (registers the project's custom objects)
+    from common.config import load_config
+    from common.plots import plot_training_curves
+    from hep_cnn.config import HepConfig
+    from hep_cnn.data import evaluation_events
+    from hep_cnn.metrics import physics_metrics, weighted_roc
+    from hep_cnn.model import signal_scores
+
+    run_dir = pathlib.Path(run_dir)
+    for required in ("config.yaml", "model.keras"):
+        if not (run_dir / required).is_file():
+            raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
+    cfg = load_config(HepConfig, run_dir / "config.yaml", [f"data.data_dir={data_dir}"] if data_dir else [])
+    model = keras.models.load_model(run_dir / "model.keras")
+    scores, labels, weights, pass_sr = [], [], [], []
+    for images, y, w, p in evaluation_events(cfg, split):
+        scores.append(signal_scores(model(images, training=False)))
+        labels.append(y.numpy())
+        weights.append(w.numpy())
+        pass_sr.append(p.numpy())
+    scores, labels, weights, pass_sr = (np.concatenate(a) for a in (scores, labels, weights, pass_sr))
+    np.savez(run_dir / "predictions.npz", scores=scores, labels=labels, weights=weights, pass_sr=pass_sr)
+    metrics = physics_metrics(scores, labels, weights, pass_sr)
+    metrics.update(split=split, n_events=int(len(labels)), n_signal=int(labels.sum()))
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    fpr, tpr, _ = weighted_roc(scores, labels, weights)
+    plot_roc(fpr, tpr, metrics, run_dir / "roc.png")
+    if (run_dir / "history.csv").is_file():
+        plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png", metrics=("loss", "accuracy"))
+    return metrics
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hep_cnn.evaluate", description="Evaluate a HEP CNN run.")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--split", default="test", choices=["test", "validation", "train"])
+    parser.add_argument("--data-dir")
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        m = evaluate(args.run_dir, args.split, args.data_dir)
+    print(f"{m['split']} set, {m['n_events']} events ({m['n_signal']} signal); weighted where it says so:")
+    print(f"  accuracy {m['accuracy']:.4f}, weighted ROC AUC {m['auc']:.4f}")
+    print(f"  cut-based selection: TPR {m['cut_tpr']:.4f} at FPR {m['cut_fpr']:.4g}")
+    ratio = m["tpr_ratio_to_cuts"]
+    print(f"  CNN at the same FPR: TPR {m['tpr_at_cut_fpr']:.4f}" + (f" ({ratio:.2f} x the cuts)" if ratio else ""))
+    print(f"wrote {pathlib.Path(args.run_dir) / 'metrics.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Training-set maxima for scaling, stored beside the data.
+
+    python -m hep_cnn.maxima --config configs/hep_cnn/demo.yaml [--set data.data_dir=D]
+
+Writes ``DATA_DIR/channel_maxima.json`` (``data.maxima_file``): the maximum
+of each of the three channels and of the event weight over the training
+split; the pipeline divides each channel by its maximum and, with
+``weight_normalisation: max``, the weights by theirs.  Written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from common.cli import exit_on_user_error
+
+
+def write_maxima(cfg) -> dict:
+    from hep_cnn.data import compute_maxima, maxima_path
+
+    maxima = compute_maxima(cfg)
+    path = maxima_path(cfg)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(maxima, indent=2) + "\n")
+    os.replace(temporary, path)
+    return maxima
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hep_cnn.maxima", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        from common.config import load_config
+        from hep_cnn.config import HepConfig
+        from hep_cnn.data import maxima_path
+
+        cfg = load_config(HepConfig, args.config, args.set)
+        maxima = write_maxima(cfg)
+        print(f"wrote {maxima_path(cfg)}: channel maxima {maxima['channel_max']}, weight max {maxima['weight_max']:.4g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
