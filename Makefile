@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-complete
 
-.PHONY: setup demo test bench clean-runs setup-cluster
+.PHONY: setup demo demo-hep test clean-runs setup-cluster
 
 setup: $(STAMP)
 
@@ -33,6 +33,13 @@ demo: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
 	    $(PY) -m cosmoflow.train --config configs/cosmoflow/demo.yaml --output-dir $(DEMO_DIR)
 	$(PY) -m cosmoflow.evaluate --run-dir $(DEMO_DIR)
+
+# The HEP CNN demo: synthetic events generated once, 2 ranks, evaluation on the test split.
+demo-hep: setup
+	$(PY) -m hep_cnn.synth --config configs/hep_cnn/demo.yaml
+	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	    $(PY) -m hep_cnn.train --config configs/hep_cnn/demo.yaml --output-dir runs/demo-hep
+	$(PY) -m hep_cnn.evaluate --run-dir runs/demo-hep
 
 test: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)

@@ -222,10 +222,10 @@ def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed: int)
 def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
     data = cfg.data
     seed = cfg.train.seed
-    maxima = load_maxima(cfg)
     train_chunks, n_train = limit_chunks(split_chunks(cfg, "train"), data.n_train, "data.n_train", data.data_dir)
     valid_chunks, n_valid = limit_chunks(split_chunks(cfg, "validation"), data.n_validation, "data.n_validation",
                                          data.data_dir)
+    maxima = load_maxima(cfg)
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (train)")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (validation)")
     train = _batches(cfg, _events(cfg, train_chunks, maxima, dist, seed, True).repeat(), True, seed)
@@ -237,8 +237,8 @@ def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
 
 def evaluation_events(cfg: HepConfig, split: str = "test"):
     """Every event of a split in file order: batches of (images, labels, raw weights, pass_sr)."""
-    maxima = load_maxima(cfg)
     chunks = split_chunks(cfg, split)
+    maxima = load_maxima(cfg)
     raw = cfg.model_copy(deep=True)
     raw.data.weight_normalisation = "none"
     events = _events(raw, chunks, maxima, Distributed(None), cfg.train.seed, training=False)

@@ -1,0 +1,244 @@
+"""HEP CNN: models, both readers on files written here, scaling and weights,
+metrics against scikit-learn, synthetic events, and a tiny train + evaluate."""
+
+import json
+
+import h5py
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from common.config import load_config, validate
+from common.distributed import Distributed
+from common.errors import DataError
+from common.flops import forward_flops_per_sample
+from conftest import REPO, run_python
+from hep_cnn.config import HepConfig
+from hep_cnn.data import build_datasets, compute_maxima, evaluation_events, split_chunks
+from hep_cnn.metrics import auc, physics_metrics, selection_rates, tpr_at_fpr, weighted_roc
+from hep_cnn.model import build_model
+
+SIZE = 16
+
+
+def test_published_network_sizes():
+    big = build_model(load_config(HepConfig, REPO / "configs/hep_cnn/benchmark_224.yaml"))
+    assert big.count_params() == 594_178
+    assert round(forward_flops_per_sample(big) / 1e9, 2) == 5.26
+    small = build_model(load_config(HepConfig, REPO / "configs/hep_cnn/rpv_64.yaml"))
+    assert small.count_params() == 4_494_594   # 3 conv units, Dense 512, Dense 2
+
+
+def make_events(n, seed):
+    rng = np.random.default_rng(seed)
+    images = rng.exponential(1.0, (n, 3, SIZE, SIZE)).astype(np.float32) * [[[1.0]], [[0.5]], [[3.0]]]
+    labels = rng.integers(0, 2, n)
+    weights = rng.uniform(0.5, 4.0, n).astype(np.float32)
+    pass_sr = rng.integers(0, 2, n)
+    return images.astype(np.float32), labels, weights, pass_sr
+
+
+def write_layout(path, layout, images, labels, weights, pass_sr):
+    """Written with h5py directly in each published layout."""
+    with h5py.File(path, "w") as f:
+        if layout == "all_events":
+            g = f.create_group("all_events")
+            g["hist"], g["histEM"], g["histtrack"] = images[:, 0], images[:, 1], images[:, 2]
+            g["y"], g["weight"], g["passSR"] = labels, weights, pass_sr
+        else:
+            f["data"], f["label"], f["weight"], f["psr"] = images, labels, weights, pass_sr
+            f["normweight"] = weights / weights.max()
+
+
+def config(data_dir, **data):
+    raw = {"data": {"data_dir": str(data_dir), "image_size": SIZE, "batch_size": 4, "chunk_size": 5,
+                    "shuffle_buffer": 0, **data},
+           "model": {"conv_units": 2, "filters": 4, "dense_units": 8, "dropout": 0.0}}
+    return validate(HepConfig, raw, "test")
+
+
+@pytest.fixture(params=["all_events", "benchmark"])
+def layout_data(request, tmp_path):
+    events = {split: make_events(n, seed) for split, n, seed in (("train", 24, 0), ("val", 12, 1), ("test", 12, 2))}
+    for split, arrays in events.items():
+        write_layout(tmp_path / f"{split}_0000.h5", request.param, *arrays)
+    return request.param, tmp_path, events
+
+
+def write_maxima(cfg):
+    path = tmp = cfg.data.data_dir + "/" + cfg.data.maxima_file
+    with open(tmp, "w") as handle:
+        json.dump(compute_maxima(cfg), handle)
+    return path
+
+
+def test_readers_scale_by_training_maxima(layout_data):
+    layout, directory, events = layout_data
+    cfg = config(directory, layout=layout, weight_normalisation="max")
+    maxima = compute_maxima(cfg)
+    train_images, _, train_weights, _ = events["train"]
+    np.testing.assert_allclose(maxima["channel_max"], train_images.max(axis=(0, 2, 3)), rtol=1e-6)
+    assert maxima["weight_max"] == pytest.approx(float(train_weights.max()))
+    write_maxima(cfg)
+
+    # Test split in file order, raw weights: channels-last images divided by the maxima.
+    images, labels, weights, pass_sr = (np.concatenate(a) for a in zip(*[
+        tuple(t.numpy() for t in batch) for batch in evaluation_events(cfg, "test")]))
+    test_images, test_labels, test_weights, test_pass = events["test"]
+    expected = np.transpose(test_images, (0, 2, 3, 1)) / np.array(maxima["channel_max"], np.float32)
+    np.testing.assert_allclose(images, expected, rtol=1e-6)
+    np.testing.assert_array_equal(labels, test_labels)
+    np.testing.assert_allclose(weights, test_weights)
+    np.testing.assert_array_equal(pass_sr, test_pass)
+
+    # Training batches carry weights normalised by the maximum when the loss is weighted.
+    cfg_weighted = config(directory, layout=layout, weight_normalisation="max")
+    cfg_weighted.loss.weighted = True
+    datasets = build_datasets(cfg_weighted, Distributed(None))
+    assert datasets.steps_per_epoch == 6 and datasets.validation_steps == 3
+    x, y, w = next(iter(datasets.validation))
+    np.testing.assert_allclose(w.numpy(), events["val"][2][:4] / maxima["weight_max"], rtol=1e-6)
+    assert x.shape == (4, SIZE, SIZE, 3) and y.dtype == tf.int32
+
+
+def test_one_channel_log1p_weights_and_sigmoid_targets(layout_data):
+    layout, directory, events = layout_data
+    cfg = config(directory, layout=layout, channels=1, weight_normalisation="log1p")
+    cfg.loss.weighted = True
+    cfg.model.output = "sigmoid"
+    write_maxima(cfg)
+    x, y, w = next(iter(build_datasets(cfg, Distributed(None)).validation))
+    assert x.shape == (4, SIZE, SIZE, 1) and y.shape == (4, 1) and y.dtype == tf.float32
+    np.testing.assert_allclose(w.numpy(), np.log1p(events["val"][2][:4]), rtol=1e-6)
+
+
+def test_fraction_split_covers_every_event_once(tmp_path):
+    for i in range(2):
+        write_layout(tmp_path / f"events_{i}.h5", "all_events", *make_events(20, i))
+    cfg = config(tmp_path, split="fractions", fractions=(0.5, 0.25, 0.25))
+    counts = {s: sum(c.stop - c.start for c in split_chunks(cfg, s)) for s in ("train", "validation", "test")}
+    assert counts == {"train": 20, "validation": 10, "test": 10}
+    spans = sorted((c.path, c.start, c.stop) for s in counts for c in split_chunks(cfg, s))
+    assert sum(b - a for _, a, b in spans) == 40
+
+
+def test_augmentation_keeps_the_event_energy():
+    from hep_cnn.data import augment
+    image = tf.random.uniform((SIZE, SIZE, 3))
+    for seed in range(4):
+        out = augment(image, tf.constant([seed, 1], tf.int64))
+        np.testing.assert_allclose(tf.reduce_sum(out, axis=(0, 1)), tf.reduce_sum(image, axis=(0, 1)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("missing_split", "no files with test in their name"),
+    ("bad_layout", r"missing datasets \['all_events/hist'"),
+    ("bad_shape", r"has shape \(6, 8, 8\), expected \(6, 16, 16\)"),
+    ("no_maxima", "training-set maxima not found"),
+])
+def test_bad_input(tmp_path, case, pattern):
+    images, labels, weights, pass_sr = make_events(6, 0)
+    if case == "bad_shape":
+        images = images[:, :, :8, :8]
+    if case == "bad_layout":
+        with h5py.File(tmp_path / "train_0.h5", "w") as f:
+            f["data"] = images
+    else:
+        write_layout(tmp_path / "train_0.h5", "all_events", images, labels, weights, pass_sr)
+    write_layout(tmp_path / "val_0.h5", "all_events", *make_events(6, 1))
+    cfg = config(tmp_path)
+    with pytest.raises(DataError, match=pattern):
+        if case == "missing_split":
+            split_chunks(cfg, "test")
+        else:
+            build_datasets(cfg, Distributed(None))
+
+
+# -- metrics against scikit-learn -------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_weighted_roc_and_auc_match_sklearn(seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, 500)
+    scores = np.round(rng.normal(labels * 0.8, 1.0), 2)   # rounding makes ties
+    weights = rng.lognormal(0.0, 1.0, 500)
+    fpr, tpr, thresholds = weighted_roc(scores, labels, weights)
+    assert auc(fpr, tpr) == pytest.approx(roc_auc_score(labels, scores, sample_weight=weights), rel=1e-10)
+    sk_fpr, sk_tpr, sk_thresholds = roc_curve(labels, scores, sample_weight=weights, drop_intermediate=False)
+    np.testing.assert_allclose(fpr, sk_fpr, atol=1e-12)
+    np.testing.assert_allclose(tpr, sk_tpr, atol=1e-12)
+    np.testing.assert_allclose(thresholds[1:], sk_thresholds[1:])
+
+
+def test_selection_rates_and_tpr_at_fpr():
+    labels = np.array([1, 1, 1, 0, 0, 0, 0])
+    weights = np.array([1.0, 2.0, 1.0, 1.0, 1.0, 2.0, 4.0])
+    passed = np.array([1, 1, 0, 1, 0, 0, 0])
+    assert selection_rates(passed, labels, weights) == pytest.approx((0.75, 0.125))
+    fpr, tpr = np.array([0.0, 0.1, 0.3, 1.0]), np.array([0.0, 0.5, 0.9, 1.0])
+    assert tpr_at_fpr(fpr, tpr, 0.2) == pytest.approx(0.7)
+    scores = np.array([0.9, 0.8, 0.2, 0.7, 0.3, 0.1, 0.05])
+    metrics = physics_metrics(scores, labels, weights, passed)
+    assert metrics["accuracy"] == pytest.approx(5 / 7)
+    assert metrics["auc"] == pytest.approx(roc_auc_score(labels, scores, sample_weight=weights))
+    assert metrics["tpr_ratio_to_cuts"] == pytest.approx(metrics["tpr_at_cut_fpr"] / 0.75)
+
+
+# -- synthetic events -------------------------------------------------------------------
+
+def test_synthetic_events_are_physical(tmp_path):
+    from hep_cnn.synth import generate_dataset
+
+    out = generate_dataset(tmp_path / "synth", 60, 20, 20, image_size=SIZE * 2, events_per_file=40, seed=3,
+                           progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["test_0000.h5", "train_0000.h5", "train_0001.h5", "val_0000.h5"]
+    with h5py.File(out / "train_0000.h5") as f:
+        g = f["all_events"]
+        hist, em, tracks = g["hist"][:], g["histEM"][:], g["histtrack"][:]
+        y, w, p = g["y"][:], g["weight"][:], g["passSR"][:]
+    assert hist.shape == (40, 32, 32) and np.all(hist >= 0) and np.all(em <= hist + 1e-3)
+    np.testing.assert_array_equal(tracks, np.round(tracks))
+    assert 0 < y.mean() < 1 and np.all(w > 0)
+    # Signal has more, harder jets: more energy and a higher pass rate of the cuts.
+    assert hist[y == 1].sum(axis=(1, 2)).mean() > hist[y == 0].sum(axis=(1, 2)).mean() * 0.8
+    assert p[y == 1].mean() >= p[y == 0].mean()
+
+
+# -- end to end ---------------------------------------------------------------------------
+
+def hep_overrides(data_dir, epochs=2):
+    pairs = {"data.data_dir": data_dir, "data.image_size": 16, "data.batch_size": 16, "data.synth.n_train": 256,
+             "data.synth.n_validation": 64, "data.synth.n_test": 128, "data.synth.events_per_file": 64,
+             "model.conv_units": 2, "model.filters": 8, "model.dense_units": 16, "train.epochs": epochs,
+             "train.tensorboard": "false", "loss.weighted": "true"}
+    return [arg for k, v in pairs.items() for arg in ("--set", f"{k}={v}")]
+
+
+def test_tiny_train_and_evaluate(tmp_path):
+    run_dir = tmp_path / "run"
+    run_python(["-m", "hep_cnn.train", *hep_overrides(tmp_path / "data"), "--output-dir", str(run_dir)])
+    result = run_python(["-m", "hep_cnn.evaluate", "--run-dir", str(run_dir)])
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    for key in ("auc", "accuracy", "cut_tpr", "cut_fpr", "tpr_at_cut_fpr"):
+        assert 0.0 <= metrics[key] <= 1.0, key
+    predictions = np.load(run_dir / "predictions.npz")
+    assert sorted(predictions.files) == ["labels", "pass_sr", "scores", "weights"]
+    assert len(predictions["scores"]) == metrics["n_events"] == 128
+    # The recorded metrics follow from the recorded predictions (scikit-learn as the reference).
+    assert metrics["auc"] == pytest.approx(roc_auc_score(predictions["labels"], predictions["scores"],
+                                                         sample_weight=predictions["weights"]), rel=1e-9)
+    assert (run_dir / "roc.png").stat().st_size > 1000 and "cut-based selection" in result.stdout
+    assert keras.models.load_model(run_dir / "model.keras").output_shape == (None, 2)
+
+
+@pytest.mark.horovod
+def test_two_rank_training(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_python(["-m", "hep_cnn.train", *hep_overrides(tmp_path / "data"), "--output-dir", str(run_dir)],
+                        ranks=2)
+    assert "2 rank(s) [horovod]" in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["global_batch_size"] == 32 and summary["epochs_completed"] == 2
+    assert np.isfinite(summary["final"]["val_loss"])
