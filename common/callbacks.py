@@ -126,20 +126,45 @@ class LearningRateLog(keras.callbacks.Callback):
             logs["learning_rate"] = self._last_step_learning_rate
 
 
-class SaveCheckpoint(keras.callbacks.Callback):
-    """Rank 0 writes a checkpoint after every epoch (model, optimizer, epoch, step)."""
+def state_variables(model) -> list:
+    """The model variables a checkpoint and the initial broadcast carry (not the RNG states)."""
+    return [v for v in model.variables if SEED_STATE_MARKER not in v.path]
 
-    def __init__(self, directory, keep: int = 2, extra_state=None):
+
+def rng_variables(model) -> list:
+    """Seed-generator states (dropout and friends): different on each rank."""
+    return [v for v in model.variables if SEED_STATE_MARKER in v.path]
+
+
+class SaveCheckpoint(keras.callbacks.Callback):
+    """A checkpoint after every epoch, and on demand mid-epoch (preemption).
+
+    Runs on every rank: each rank's random-number state is gathered to rank 0,
+    which writes the file (model, optimizer, position, RNG states).
+    """
+
+    def __init__(self, directory, dist: Distributed, keep: int = 2, watchdog=None):
         super().__init__()
         self.directory = directory
+        self.dist = dist
         self.keep = keep
-        self.extra_state = extra_state or {}
+        self.watchdog = watchdog
+
+    def save(self, epochs_completed: int, step_in_epoch: int = 0):
+        if self.watchdog is not None:
+            self.watchdog.beat()
+        gathered = self.dist.allgather_object([np.asarray(v) for v in rng_variables(self.model)])
+        if self.dist.is_root:
+            optimizer = self.model.optimizer
+            state = {"step": int(np.asarray(optimizer.iterations))}
+            checkpoint.save_checkpoint(self.directory, epochs_completed, state_variables(self.model),
+                                       optimizer.variables, state, keep=self.keep, step_in_epoch=step_in_epoch,
+                                       rng_states=gathered)
+        if self.watchdog is not None:
+            self.watchdog.beat()
 
     def on_epoch_end(self, epoch, logs=None):
-        optimizer = self.model.optimizer
-        state = dict(self.extra_state, step=int(np.asarray(optimizer.iterations)))
-        checkpoint.save_checkpoint(self.directory, epoch + 1, self.model.weights, optimizer.variables,
-                                   state, keep=self.keep)
+        self.save(epoch + 1)
 
 
 class EpochReport(keras.callbacks.Callback):

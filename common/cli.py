@@ -15,7 +15,7 @@ import json
 import pathlib
 import sys
 
-from common.errors import EXIT_BAD_INPUT, UserInputError
+from common.errors import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_PREEMPTED, NonFiniteLoss, Preempted, UserInputError
 
 
 @contextlib.contextmanager
@@ -68,5 +68,21 @@ def run_train(app, argv=None) -> int:
 
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
         output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
-        train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak)
+        try:
+            train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak)
+        except Preempted as exc:
+            if dist.is_root:
+                print(f"preempted: {exc}; rerun with --resume (exit {EXIT_PREEMPTED})", file=sys.stderr, flush=True)
+            return EXIT_PREEMPTED
+        except NonFiniteLoss as exc:
+            print(f"error: rank {dist.rank}: {exc}; the last good checkpoint is kept in {output_dir}/checkpoints "
+                  "(check the data with python -m common.check_data, or lower the learning rate)",
+                  file=sys.stderr, flush=True)
+            return EXIT_NONFINITE
+        except UserInputError:
+            raise
+        except Exception as exc:
+            print(f"error: rank {dist.rank} of {dist.size} failed: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+            raise
     return 0

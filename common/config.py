@@ -49,6 +49,10 @@ class TrainSection(Section):
     keep_checkpoints: PositiveInt = 2
     tensorboard: bool = True
     steps_per_execution: PositiveInt = 1
+    hang_timeout_s: NonNegativeFloat = Field(
+        120.0, description="exit when no step or validation batch completes for this long (0: never)")
+    max_nonfinite_steps: PositiveInt = Field(
+        10, description="with loss scaling: stop after this many NaN/Inf losses in a row")
 
 
 class ScheduleSection(Section):

@@ -8,6 +8,7 @@ import os
 import pathlib
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import tensorflow as tf
 
@@ -15,22 +16,48 @@ from common.distributed import Distributed
 from common.errors import DataError
 
 
+# Far more epochs than any run; the training stream is built lazily, epoch by epoch.
+MAX_EPOCHS = 1 << 30
+
+
 @dataclasses.dataclass
 class Datasets:
     """What an application's ``build_datasets`` returns to the trainer.
 
-    ``train`` repeats forever and yields (x, y) or (x, y, sample_weight)
-    batches of the per-rank batch size; ``validation`` yields
-    ``validation_steps`` batches per epoch.  Every rank runs the same number
+    ``train_epoch(epoch)`` builds this rank's batches of one epoch, (x, y) or
+    (x, y, sample_weight), from ``epoch`` (an int64 tensor) alone: its file
+    order and shuffles are seeded by (train.seed, epoch), so epoch e is the
+    same whether the run started at 0 or resumed at e.  It must hold at least
+    ``steps_per_epoch`` batches.  ``validation`` yields the same
+    ``validation_steps`` batches every epoch.  Every rank runs the same number
     of steps (Horovod allreduces would hang otherwise).
     """
 
-    train: tf.data.Dataset
+    train_epoch: Callable[[tf.Tensor], tf.data.Dataset]
     validation: tf.data.Dataset | None
     steps_per_epoch: int
     validation_steps: int
     train_samples: int        # global samples used for training per epoch
     validation_samples: int   # global samples used for validation
+
+    def train_stream(self, first_epoch: int = 0, skip_steps: int = 0) -> tf.data.Dataset:
+        """Epochs ``first_epoch, first_epoch + 1, ...`` back to back, ``steps_per_epoch``
+        batches each, the first ``skip_steps`` batches left out (mid-epoch resume)."""
+        steps = self.steps_per_epoch
+        stream = tf.data.Dataset.range(first_epoch, MAX_EPOCHS).flat_map(
+            lambda epoch: self.train_epoch(epoch).take(steps))
+        if skip_steps:
+            stream = stream.skip(skip_steps)
+        return stream.prefetch(tf.data.AUTOTUNE)
+
+    @property
+    def train(self) -> tf.data.Dataset:
+        return self.train_stream()
+
+
+def epoch_seed(base_seed: int, epoch, salt: int = 0):
+    """A scalar int64 seed for one epoch's shuffles (same on every rank)."""
+    return tf.cast(base_seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64) * 7919 + salt
 
 
 def list_files(directory: str | pathlib.Path, patterns: tuple[str, ...], what: str) -> list[str]:
@@ -62,16 +89,17 @@ def steps_for(samples: int, size: int, batch_size: int, key: str, where: str) ->
     return steps
 
 
-def shuffled_shards(files: list[str], dist: Distributed, seed: int, shuffle: bool = True) -> tf.data.Dataset:
-    """File names, reshuffled every epoch with a seed shared by all ranks, then sharded by rank.
+def shuffled_shards(files: list[str], dist: Distributed, seed, shuffle: bool = True) -> tf.data.Dataset:
+    """File names permuted with ``seed`` (shared by all ranks), then sharded by rank.
 
-    Every rank draws the same permutation each epoch and keeps every size-th
-    file from its rank on, so ranks read disjoint files.  With fewer files than
-    ranks the caller must shard records instead (see :func:`shards_files`).
+    Every rank draws the same permutation and keeps every size-th file from
+    its rank on, so ranks read disjoint files.  With fewer files than ranks
+    the caller must shard records instead (see :func:`shards_files`).
     """
-    dataset = tf.data.Dataset.from_tensor_slices(files)
+    names = tf.constant(files)
     if shuffle:
-        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        names = tf.random.experimental.stateless_shuffle(names, seed=tf.stack([tf.cast(seed, tf.int64), 0]))
+    dataset = tf.data.Dataset.from_tensor_slices(names)
     if shards_files(len(files), dist):
         dataset = dataset.shard(dist.size, dist.rank)
     return dataset

@@ -125,6 +125,12 @@ class Distributed:
             return obj
         return self._hvd.broadcast_object(obj, root_rank=root_rank)
 
+    def allgather_object(self, obj) -> list:
+        """A picklable Python object from every rank, as a list indexed by rank."""
+        if self._hvd is None or self.size == 1:
+            return [obj]
+        return self._hvd.allgather_object(obj)
+
     def broadcast_variables(self, variables, root_rank: int = 0) -> None:
         """Copy the values of Keras (or tf) variables from ``root_rank`` to all.
 

@@ -1,13 +1,23 @@
-"""Errors that mean "the user gave us something wrong" (exit code 2).
+"""Errors and exit codes.
 
-Each carries a one-line message naming the file or the config key and what
-was expected.  Entry points catch :class:`UserInputError`, print the message
-and exit 2; anything else is a failure during training (exit 1).
+Exit codes (documented in the README; the SLURM scripts requeue on 75):
+
+====  ==================================================================
+0     success
+1     a failure during training (an exception on this rank)
+2     bad input or configuration: a one-line message naming the file or key
+3     the loss became NaN/Inf (the last good checkpoint is kept)
+4     no training progress for ``train.hang_timeout_s`` (a rank died or hung)
+75    preempted (SIGTERM/SIGUSR1): a checkpoint was saved; rerun with --resume
+====  ==================================================================
 """
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
+EXIT_NONFINITE = 3
+EXIT_HUNG = 4
+EXIT_PREEMPTED = 75
 
 
 class UserInputError(Exception):
@@ -20,3 +30,11 @@ class ConfigError(UserInputError):
 
 class DataError(UserInputError):
     """A data directory or file that is missing, malformed or too small."""
+
+
+class Preempted(Exception):
+    """A stop was requested by signal; a checkpoint at the step boundary was saved."""
+
+
+class NonFiniteLoss(Exception):
+    """The loss became NaN or Inf (beyond what loss scaling may skip)."""

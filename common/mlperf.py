@@ -38,9 +38,9 @@ class MlperfLog:
         if self.enabled:
             self._logger.event(key=key, value=value, metadata=metadata)
 
-    def start(self, key, value=None, metadata=None):
+    def start(self, key, value=None, metadata=None, time_ms=None):
         if self.enabled:
-            self._logger.start(key=key, value=value, metadata=metadata)
+            self._logger.start(key=key, value=value, metadata=metadata, time_ms=time_ms)
 
     def end(self, key, value=None, metadata=None):
         if self.enabled:
@@ -78,10 +78,15 @@ class MlperfCallback(keras.callbacks.Callback):
         self.higher_is_better = higher_is_better
         self.stop_at_target = stop_at_target
         self.reached = False
+        self._started = False
+        self._finished = False
 
     def on_train_begin(self, logs=None):
-        self.log.end(constants.INIT_STOP)
-        self.log.start(constants.RUN_START)
+        # A run may take several fit calls (mid-epoch resume): the run starts once.
+        if not self._started:
+            self.log.end(constants.INIT_STOP)
+            self.log.start(constants.RUN_START)
+            self._started = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self.log.start(constants.EPOCH_START, metadata={"epoch_num": epoch + 1})
@@ -99,5 +104,10 @@ class MlperfCallback(keras.callbacks.Callback):
             if hit and self.stop_at_target:
                 self.model.stop_training = True
 
-    def on_train_end(self, logs=None):
-        self.log.end(constants.RUN_STOP, metadata={"status": "success" if self.reached else "aborted"})
+    def finish(self, aborted: bool = False):
+        """``run_stop``, once, when the trainer is done (not at the end of each fit)."""
+        if self._finished or not self._started:
+            return
+        status = "success" if self.reached and not aborted else "aborted"
+        self.log.end(constants.RUN_STOP, metadata={"status": status})
+        self._finished = True

@@ -25,14 +25,15 @@ import tensorflow as tf
 
 from common import checkpoint, precision
 from common.callbacks import (AverageMetricsOverRanks, AverageNonTrainableOverRanks, EpochReport, LearningRateLog,
-                              SaveCheckpoint, Throughput)
+                              SaveCheckpoint, Throughput, rng_variables, state_variables)
 from common.config import AppConfig, save_config
 from common.data import Datasets
 from common.distributed import Distributed
-from common.errors import UserInputError
+from common.errors import NonFiniteLoss, Preempted, UserInputError
 from common.flops import FLOP_CONVENTION, TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
 from common.mlperf import MlperfCallback, MlperfLog
 from common.optimizers import build_optimizer, peak_learning_rate
+from common.reliability import StepGuard, StepSignals, StopRequest, Watchdog
 from common.schedules import build_schedule
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class TrainingModel(keras.Model):
         self.network = network
         self._dist = dist
         self._gradient_compression = gradient_compression
+        self.step_signals = StepSignals()
         self.built = True
 
     def call(self, inputs, training=None):
@@ -95,6 +97,12 @@ class TrainingModel(keras.Model):
         gradients = tape.gradient(scaled_loss, variables)
         gradients = self._dist.allreduce_gradients(gradients, compression=self._gradient_compression)
         self.optimizer.apply(gradients, variables)
+        # The rank-averaged loss and "has any rank been asked to stop?" ride one small allreduce.
+        signals = self.step_signals
+        shared = self._dist.allreduce(tf.stack([tf.cast(loss, tf.float32), signals.stop_requested]),
+                                      average=True, name="step_signals")
+        signals.global_loss.assign(shared[0])
+        signals.global_stop.assign(shared[1])
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
@@ -158,16 +166,6 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     if latest is not None and not resume:
         raise UserInputError(f"{output_dir}: holds checkpoints of an earlier run ({latest.name}); "
                              "pass --resume to continue it or choose another --output-dir")
-    if dist.is_root:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, output_dir / "config.yaml")
-
-    mlperf_log = MlperfLog(output_dir / cfg.mlperf.log_file, enabled=cfg.mlperf.enabled and app.mlperf is not None
-                           and dist.is_root)
-    if mlperf_log.enabled:
-        mlperf_log.start("init_start")
-        mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
-
     configure_determinism(cfg, dist)
     precision.check_device_support(cfg.train.precision)
     precision.set_precision(cfg.train.precision)
@@ -177,6 +175,15 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
             app.prepare_data(cfg)
         dist.barrier()
     datasets = app.build_datasets(cfg, dist)
+    # Written only once the config and data have passed their checks: bad input overwrites nothing.
+    if dist.is_root:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, output_dir / "config.yaml")
+    mlperf_log = MlperfLog(output_dir / cfg.mlperf.log_file, enabled=cfg.mlperf.enabled and app.mlperf is not None
+                           and dist.is_root)
+    if mlperf_log.enabled:
+        mlperf_log.start("init_start", time_ms=int(started * 1000))
+        mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
 
     network = app.build_model(cfg)
     for output in network.outputs:
@@ -196,16 +203,19 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
                   steps_per_execution=cfg.train.steps_per_execution, jit_compile=False)
     optimizer.build(model.trainable_variables)
 
-    initial_epoch = 0
+    position = (0, 0)   # (epochs completed, steps into the next epoch)
+    rng_states: list = []
     if resume and latest is not None:
         if dist.is_root:
-            state = checkpoint.restore_checkpoint(latest, model.weights, optimizer.variables)
-            initial_epoch = int(state["epoch"])
-            print(f"resuming from {latest} (epoch {initial_epoch}, step {state.get('step')})", flush=True)
-        initial_epoch = dist.broadcast_object(initial_epoch)
+            state, rng_states = checkpoint.restore_checkpoint(latest, state_variables(model), optimizer.variables)
+            position = (int(state["epoch"]), int(state.get("step_in_epoch", 0)))
+            print(f"resuming from {latest} (epoch {position[0] + 1}, step {position[1]} of it; "
+                  f"optimizer step {state.get('step')})", flush=True)
+        position, rng_states = dist.broadcast_object((position, rng_states))
     elif resume and dist.is_root:
         print(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
-    dist.broadcast_variables(model.weights + optimizer.variables)
+    dist.broadcast_variables(state_variables(model) + optimizer.variables)
+    _restore_rng(model, rng_states, dist)
 
     peak_flops_total = None
     if measure_peak:
@@ -216,13 +226,16 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     if mlperf_log.enabled:
         _log_mlperf_hyperparameters(mlperf_log, app, cfg, datasets, global_batch_size, peak_lr)
 
+    stop_request = StopRequest()
+    watchdog = Watchdog(cfg.train.hang_timeout_s, dist.rank) if cfg.train.hang_timeout_s > 0 else None
     throughput = Throughput(global_batch_size, forward_flops, peak_flops_total, cfg.train.throughput_warmup_steps)
+    saver = SaveCheckpoint(checkpoint_dir, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog)
     callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog(), AverageNonTrainableOverRanks(dist),
-                                                 AverageMetricsOverRanks(dist)]
-    mlperf_callback = None
+                                                 AverageMetricsOverRanks(dist), saver]
+    csv_logger = mlperf_callback = None
     if dist.is_root:
-        callbacks.append(SaveCheckpoint(checkpoint_dir, keep=cfg.train.keep_checkpoints))
-        callbacks.append(keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=resume))
+        csv_logger = keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=resume)
+        callbacks.append(csv_logger)
         if cfg.train.tensorboard:
             callbacks.append(keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), write_graph=False,
                                                          profile_batch=0))
@@ -237,19 +250,79 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
               f"{forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
               f"peak LR {peak_lr:.4g}", flush=True)
 
-    verbose = (1 if sys.stdout.isatty() else 0) if dist.is_root else 0
-    history = model.fit(datasets.train, epochs=cfg.train.epochs, initial_epoch=initial_epoch,
-                        steps_per_epoch=datasets.steps_per_epoch, validation_data=datasets.validation,
-                        validation_steps=datasets.validation_steps if datasets.validation is not None else None,
-                        callbacks=callbacks, verbose=verbose, shuffle=False)
+    history: dict[str, list] = {}
+    first_epoch = position[0]
+    try:
+        for start_epoch, end_epoch, skip_steps in _fit_phases(position, cfg.train.epochs):
+            guard = StepGuard(model.step_signals, stop_request, saver.save, watchdog,
+                              loss_scaled=precision.needs_loss_scaling(cfg.train.precision),
+                              max_nonfinite_steps=cfg.train.max_nonfinite_steps, first_step_offset=skip_steps)
+            fit_history = model.fit(
+                datasets.train_stream(start_epoch, skip_steps), epochs=end_epoch, initial_epoch=start_epoch,
+                steps_per_epoch=datasets.steps_per_epoch - skip_steps, validation_data=datasets.validation,
+                validation_steps=datasets.validation_steps if datasets.validation is not None else None,
+                callbacks=callbacks + [guard], verbose=_verbosity(dist), shuffle=False)
+            for key, values in fit_history.history.items():
+                history.setdefault(key, []).extend(values)
+            if csv_logger is not None:
+                csv_logger.append = True
+    except Preempted:
+        _finish_mlperf(mlperf_callback, aborted=True)
+        raise
+    except NonFiniteLoss:
+        _finish_mlperf(mlperf_callback, aborted=True)
+        raise
+    finally:
+        stop_request.close()
+        if watchdog is not None:
+            watchdog.stop()
+    _finish_mlperf(mlperf_callback)
 
-    summary = _summary(app, cfg, dist, history.history, network, forward_flops, global_batch_size, datasets,
-                       peak_flops_total, time.time() - started, initial_epoch, mlperf_callback)
+    summary = _summary(app, cfg, dist, history, network, forward_flops, global_batch_size, datasets,
+                       peak_flops_total, time.time() - started, first_epoch, mlperf_callback)
     if dist.is_root:
         _atomic_save_model(network, output_dir / "model.keras")
         _write_json(output_dir / "summary.json", summary)
     dist.barrier()
     return summary
+
+
+def _fit_phases(position: tuple[int, int], epochs: int):
+    """(start epoch, end epoch, steps to skip) for each ``fit`` call.
+
+    Resuming mid-epoch takes two: the rest of the interrupted epoch (fewer
+    steps), then whole epochs; Keras runs the same number of steps in every
+    epoch of one ``fit``.
+    """
+    epoch, step = position
+    if step and epoch < epochs:
+        yield epoch, epoch + 1, step
+        epoch += 1
+    if epoch < epochs:
+        yield epoch, epochs, 0
+
+
+def _verbosity(dist: Distributed) -> int:
+    return (1 if sys.stdout.isatty() else 0) if dist.is_root else 0
+
+
+def _restore_rng(model, rng_states: list, dist: Distributed) -> None:
+    """Give each rank back its own dropout RNG state from the checkpoint."""
+    if not rng_states:
+        return
+    variables = rng_variables(model)
+    if len(rng_states) != dist.size or len(rng_states[dist.rank]) != len(variables):
+        if dist.is_root:
+            print(f"warning: the checkpoint holds RNG states of {len(rng_states)} rank(s); this run has "
+                  f"{dist.size}: dropout streams start afresh", flush=True)
+        return
+    for variable, value in zip(variables, rng_states[dist.rank]):
+        variable.assign(value)
+
+
+def _finish_mlperf(mlperf_callback, aborted: bool = False) -> None:
+    if mlperf_callback is not None:
+        mlperf_callback.finish(aborted=aborted)
 
 
 def _summary(app, cfg, dist, history, network, forward_flops, global_batch_size, datasets, peak_flops_total,

@@ -21,7 +21,8 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.data import Datasets, list_files, select_count, shards_files, shuffled_shards, stage_files, steps_for
+from common.data import (Datasets, epoch_seed, list_files, select_count, shards_files, shuffled_shards, stage_files,
+                         steps_for)
 from common.distributed import Distributed
 from common.errors import DataError
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
@@ -129,15 +130,18 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
     return sorted({f for f, _ in index}), used, index
 
 
-def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed: int, training: bool):
-    """(x int16, y float32[4]) per sample for this rank, reshuffled per epoch when training."""
+def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed, training: bool):
+    """(x int16, y float32[4]) per sample for this rank, shuffled with ``seed`` when training.
+
+    With staging, ``files`` are this rank's staged copies (a fixed share).
+    """
     data = cfg.data
     shape = tuple(data.sample_shape)
     if data.format == "tfrecord":
         if data.stage_dir and training:
-            files = stage_files(files, data.stage_dir, dist)
-            names = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed + dist.rank,
-                                                                      reshuffle_each_iteration=True)
+            rank_seed = tf.stack([tf.cast(seed, tf.int64), tf.constant(dist.rank, tf.int64)])
+            names = tf.random.experimental.stateless_shuffle(tf.constant(files), seed=rank_seed)
+            names = tf.data.Dataset.from_tensor_slices(names)
             record_sharding = False
         else:
             names = shuffled_shards(files, dist, seed, shuffle=training)
@@ -152,10 +156,10 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
 
     paths = tf.constant([p for p, _ in index])
     crops = tf.constant([c for _, c in index], dtype=tf.int64)
-    items = tf.data.Dataset.from_tensor_slices((paths, crops))
     if training:
-        items = items.shuffle(len(index), seed=seed, reshuffle_each_iteration=True)
-    items = items.shard(dist.size, dist.rank)
+        order = tf.random.experimental.stateless_shuffle(tf.range(len(index)), seed=tf.stack([seed, 1]))
+        paths, crops = tf.gather(paths, order), tf.gather(crops, order)
+    items = tf.data.Dataset.from_tensor_slices((paths, crops)).shard(dist.size, dist.rank)
 
     def read(path, crop_index):
         x, y = tf.numpy_function(lambda p, c: read_hdf5_crop(p, c, shape), [path, crop_index],
@@ -167,7 +171,7 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
     return items.map(read, num_parallel_calls=AUTOTUNE)
 
 
-def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed: int) -> tf.data.Dataset:
+def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed) -> tf.data.Dataset:
     data = cfg.data
     target_index = [TARGET_NAMES.index(n) for n in data.target_names]
 
@@ -176,12 +180,12 @@ def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, se
 
     dataset = records.map(transform, num_parallel_calls=AUTOTUNE)
     if training and data.shuffle_buffer:
-        dataset = dataset.shuffle(data.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.shuffle(data.shuffle_buffer, seed=seed)
     if training and data.augment:
-        seeds = tf.data.Dataset.random(seed=seed).batch(2)
+        seeds = tf.data.Dataset.random(seed=seed + 1).batch(2)
         dataset = tf.data.Dataset.zip((dataset, seeds)).map(
             lambda xy, s: (augment(xy[0], s), xy[1]), num_parallel_calls=AUTOTUNE)
-    return dataset.batch(data.batch_size, drop_remainder=True).prefetch(AUTOTUNE)
+    return dataset.batch(data.batch_size, drop_remainder=True)
 
 
 def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
@@ -193,11 +197,19 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
 
-    train_records = _records(cfg, train_files, train_index, dist, seed, training=True)
-    train = _pipeline(cfg, train_records.repeat(), training=True, seed=seed)
-    valid_records = _records(cfg, valid_files, valid_index, dist, seed, training=False)
-    validation = _pipeline(cfg, valid_records.repeat(), training=False, seed=seed)
-    return Datasets(train=train, validation=validation, steps_per_epoch=steps, validation_steps=valid_steps,
+    if data.stage_dir and data.format == "tfrecord":
+        train_files = stage_files(train_files, data.stage_dir, dist)
+
+    def train_epoch(epoch):
+        # A rank whose share is short of steps x batch (uneven files) reuses a few samples.
+        seed_e = epoch_seed(seed, epoch)
+        records = _records(cfg, train_files, train_index, dist, seed_e, training=True).repeat(2)
+        return _pipeline(cfg, records, training=True, seed=seed_e)
+
+    valid_records = _records(cfg, valid_files, valid_index, dist, seed, training=False).repeat(2)
+    validation = _pipeline(cfg, valid_records, training=False, seed=seed).take(valid_steps).repeat()
+    return Datasets(train_epoch=train_epoch, validation=validation, steps_per_epoch=steps,
+                    validation_steps=valid_steps,
                     train_samples=steps * data.batch_size * dist.size,
                     validation_samples=valid_steps * data.batch_size * dist.size)
 

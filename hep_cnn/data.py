@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.data import Datasets, list_files, select_count, steps_for
+from common.data import Datasets, epoch_seed, list_files, select_count, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 from hep_cnn.config import HepConfig
@@ -159,15 +159,17 @@ def normalise_weights(weights, mode: str, weight_max: float):
 
 # -- tf.data ------------------------------------------------------------------------------
 
-def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed, seed: int, training: bool):
-    """Per-event (image, label, weight, pass_sr) for this rank."""
+def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed, seed, training: bool):
+    """Per-event (image, label, weight, pass_sr) for this rank; chunks shuffled with ``seed`` when training."""
     data = cfg.data
     shape = (data.image_size, data.image_size, data.channels)
     scale = np.array(maxima["channel_max"][:data.channels], np.float32) if data.scale_by_maxima else None
-    table = tf.data.Dataset.from_tensor_slices(([c.path for c in chunks], [c.start for c in chunks],
-                                                [c.stop for c in chunks]))
+    columns = (tf.constant([c.path for c in chunks]), tf.constant([c.start for c in chunks], tf.int64),
+               tf.constant([c.stop for c in chunks], tf.int64))
     if training:
-        table = table.shuffle(len(chunks), seed=seed, reshuffle_each_iteration=True)
+        order = tf.random.experimental.stateless_shuffle(tf.range(len(chunks)), seed=tf.stack([seed, 0]))
+        columns = tuple(tf.gather(column, order) for column in columns)
+    table = tf.data.Dataset.from_tensor_slices(columns)
     shard_chunks = len(chunks) >= dist.size
     if shard_chunks:
         table = table.shard(dist.size, dist.rank)
@@ -199,7 +201,7 @@ def augment(image, seed):
     return tf.roll(image, shift, axis=1)
 
 
-def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed: int) -> tf.data.Dataset:
+def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed) -> tf.data.Dataset:
     data = cfg.data
     as_float = cfg.model.output == "sigmoid"
 
@@ -210,13 +212,12 @@ def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed: int)
         return image, target
 
     if training and data.shuffle_buffer:
-        events = events.shuffle(data.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        events = events.shuffle(data.shuffle_buffer, seed=seed)
     if training and data.augment:
-        seeds = tf.data.Dataset.random(seed=seed).batch(2)
+        seeds = tf.data.Dataset.random(seed=seed + 1).batch(2)
         events = tf.data.Dataset.zip((events, seeds)).map(
             lambda e, s: (augment(e[0], s), *e[1:]), num_parallel_calls=AUTOTUNE)
-    return events.map(to_example, num_parallel_calls=AUTOTUNE).batch(
-        data.batch_size, drop_remainder=True).prefetch(AUTOTUNE)
+    return events.map(to_example, num_parallel_calls=AUTOTUNE).batch(data.batch_size, drop_remainder=True)
 
 
 def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
@@ -228,9 +229,14 @@ def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
     maxima = load_maxima(cfg)
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (train)")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (validation)")
-    train = _batches(cfg, _events(cfg, train_chunks, maxima, dist, seed, True).repeat(), True, seed)
-    validation = _batches(cfg, _events(cfg, valid_chunks, maxima, dist, seed, False).repeat(), False, seed)
-    return Datasets(train=train, validation=validation, steps_per_epoch=steps, validation_steps=valid_steps,
+    def train_epoch(epoch):
+        # A rank whose share is short of steps x batch (uneven chunks) reuses a few events.
+        seed_e = epoch_seed(seed, epoch)
+        return _batches(cfg, _events(cfg, train_chunks, maxima, dist, seed_e, True).repeat(2), True, seed_e)
+
+    validation = _batches(cfg, _events(cfg, valid_chunks, maxima, dist, seed, False).repeat(2), False, seed)
+    return Datasets(train_epoch=train_epoch, validation=validation.take(valid_steps).repeat(),
+                    steps_per_epoch=steps, validation_steps=valid_steps,
                     train_samples=steps * data.batch_size * dist.size,
                     validation_samples=valid_steps * data.batch_size * dist.size)
 
@@ -241,5 +247,5 @@ def evaluation_events(cfg: HepConfig, split: str = "test"):
     maxima = load_maxima(cfg)
     raw = cfg.model_copy(deep=True)
     raw.data.weight_normalisation = "none"
-    events = _events(raw, chunks, maxima, Distributed(None), cfg.train.seed, training=False)
+    events = _events(raw, chunks, maxima, Distributed(None), tf.constant(cfg.train.seed, tf.int64), training=False)
     return events.batch(cfg.data.batch_size).prefetch(AUTOTUNE)

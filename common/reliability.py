@@ -1,0 +1,173 @@
+"""Surviving long runs: preemption signals, NaN/Inf losses and dead ranks.
+
+- :class:`StopRequest` turns SIGTERM/SIGUSR1 (SLURM's warning signal) into a
+  flag.  The flag travels in the allreduce of every training step
+  (``TrainingModel.train_step``), so all ranks learn of a stop requested on
+  any of them within one step, and stop at the same step boundary.
+- :class:`StepGuard` (a callback on every rank) reads, after each step, the
+  rank-averaged loss and the stop flag: it saves a mid-epoch checkpoint and
+  raises :class:`Preempted` on a stop, and raises :class:`NonFiniteLoss` on a
+  NaN/Inf loss (at once without loss scaling, after N in a row with it, since
+  the loss-scale optimizer skips those steps itself).
+- :class:`Watchdog` exits the process when no step, validation batch or epoch
+  end has happened for ``train.hang_timeout_s``: a rank that died mid-allreduce
+  must not leave the others waiting forever.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+import time
+
+import keras
+import tensorflow as tf
+
+from common.errors import EXIT_HUNG, NonFiniteLoss, Preempted
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StepSignals:
+    """Per-step values the training step writes for the callbacks to read.
+
+    Plain tf.Variables held outside the Keras model, so they are neither
+    trained, checkpointed nor broadcast.
+    """
+
+    def __init__(self):
+        self.stop_requested = tf.Variable(0.0, trainable=False, name="stop_requested")
+        self.global_stop = tf.Variable(0.0, trainable=False, name="global_stop")
+        self.global_loss = tf.Variable(0.0, trainable=False, name="global_loss")
+
+
+class StopRequest:
+    """Installs handlers for SIGTERM and SIGUSR1 that set a flag (restored on ``close``)."""
+
+    def __init__(self, signals=STOP_SIGNALS):
+        self.requested = False
+        self.signal_name = None
+        self._previous = {}
+        for sig in signals:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:   # not the main thread (e.g. under some test runners)
+                pass
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+    def close(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+class Watchdog:
+    """Kills this process (exit code 4) when nothing has progressed for ``timeout_s``."""
+
+    def __init__(self, timeout_s: float, rank: int, poll_s: float | None = None):
+        self.timeout_s = timeout_s
+        self.rank = rank
+        self._last = time.monotonic()
+        self._armed = False
+        self._stopped = threading.Event()
+        self._poll_s = poll_s or max(0.5, min(10.0, timeout_s / 10))
+        self._thread = threading.Thread(target=self._run, name="training-watchdog", daemon=True)
+        self._thread.start()
+
+    def beat(self):
+        self._last = time.monotonic()
+        self._armed = True
+
+    def pause(self):
+        self._armed = False
+
+    def stop(self):
+        self._stopped.set()
+
+    def _run(self):
+        while not self._stopped.wait(self._poll_s):
+            idle = time.monotonic() - self._last
+            if self._armed and idle > self.timeout_s:
+                print(f"error: rank {self.rank}: no training progress for {idle:.0f} s (train.hang_timeout_s="
+                      f"{self.timeout_s:g}); another rank has probably died or hung; exiting",
+                      file=sys.stderr, flush=True)
+                os._exit(EXIT_HUNG)
+
+
+class StepGuard(keras.callbacks.Callback):
+    """Stop requests and non-finite losses, checked after every training step on every rank.
+
+    Args:
+        signals: the :class:`StepSignals` the train step fills.
+        stop_request: the :class:`StopRequest` of this process.
+        save_checkpoint: ``f(epoch, step_in_epoch)``, collective, for the mid-epoch save.
+        watchdog: fed after every step, validation batch and epoch.
+        loss_scaled: True under a LossScaleOptimizer.
+        max_nonfinite_steps: with loss scaling, stop after this many non-finite losses in a row.
+        first_step_offset: steps already done in the first epoch of this fit (mid-epoch resume).
+    """
+
+    def __init__(self, signals: StepSignals, stop_request: StopRequest, save_checkpoint, watchdog: Watchdog | None,
+                 loss_scaled: bool, max_nonfinite_steps: int, first_step_offset: int = 0):
+        super().__init__()
+        self.signals = signals
+        self.stop_request = stop_request
+        self.save_checkpoint = save_checkpoint
+        self.watchdog = watchdog
+        self.loss_scaled = loss_scaled
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.first_step_offset = first_step_offset
+        self.nonfinite_in_a_row = 0
+        self._epoch = 0
+        self._first_epoch = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if self._first_epoch is None:
+            self._first_epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.stop_request.requested and float(self.signals.stop_requested.numpy()) == 0.0:
+            self.signals.stop_requested.assign(1.0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.watchdog is not None:
+            self.watchdog.beat()
+        offset = self.first_step_offset if self._epoch == self._first_epoch else 0
+        step_in_epoch = offset + batch + 1
+        loss = float(self.signals.global_loss.numpy())
+        if not math.isfinite(loss):
+            self.nonfinite_in_a_row += 1
+            if not self.loss_scaled or self.nonfinite_in_a_row >= self.max_nonfinite_steps:
+                raise NonFiniteLoss(f"loss is {loss} at epoch {self._epoch + 1}, step {step_in_epoch}"
+                                    + (f" ({self.nonfinite_in_a_row} non-finite steps in a row)"
+                                       if self.loss_scaled else ""))
+        else:
+            self.nonfinite_in_a_row = 0
+        if float(self.signals.global_stop.numpy()) > 0:
+            steps = self.params.get("steps")
+            if steps is not None and batch == steps - 1:
+                step_in_epoch = 0   # the epoch is complete: its epoch-end checkpoint follows
+                self._pending = True
+                return
+            self.save_checkpoint(self._epoch, step_in_epoch)
+            raise Preempted(f"stop requested ({self.stop_request.signal_name or 'signal on another rank'}); "
+                            f"checkpoint saved at epoch {self._epoch + 1}, step {step_in_epoch}")
+
+    def on_test_batch_end(self, batch, logs=None):
+        if self.watchdog is not None:
+            self.watchdog.beat()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.watchdog is not None:
+            self.watchdog.beat()
+        if getattr(self, "_pending", False):
+            # Runs after the epoch-end checkpoint (callbacks are ordered so).
+            raise Preempted(f"stop requested ({self.stop_request.signal_name or 'signal on another rank'}); "
+                            f"checkpoint saved at the end of epoch {epoch + 1}")
