@@ -12,10 +12,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import pathlib
 import sys
+import traceback
 
-from common.errors import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_PREEMPTED, NonFiniteLoss, Preempted, UserInputError
+from common.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, NonFiniteLoss, Preempted, UserInputError
+
+
+def exit_process(code: int) -> None:
+    """End an entry point: flush the output, then leave without interpreter teardown.
+
+    Tearing down live tf.data iterators can deadlock (an iterator's destructor
+    waits for a reader thread that needs the GIL its caller holds), which would
+    turn an error or a preemption into a hang.  Everything the run writes is
+    closed or flushed before this point.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 @contextlib.contextmanager
@@ -25,7 +43,7 @@ def exit_on_user_error():
         yield
     except UserInputError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_BAD_INPUT)
+        exit_process(EXIT_BAD_INPUT)
 
 
 def train_parser(app) -> argparse.ArgumentParser:
@@ -82,7 +100,8 @@ def run_train(app, argv=None) -> int:
         except UserInputError:
             raise
         except Exception as exc:
+            traceback.print_exc()
             print(f"error: rank {dist.rank} of {dist.size} failed: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
-            raise
+            return EXIT_FAILURE
     return 0

@@ -32,6 +32,8 @@ class DataSection(Section):
 
     data_dir: str = Field(description="directory holding the dataset files")
     batch_size: PositiveInt = Field(1, description="samples per rank per step")
+    on_bad_file: Literal["fail", "skip"] = Field(
+        "fail", description="a truncated or malformed file stops the run (fail) or is left out and reported (skip)")
 
 
 class TrainSection(Section):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -16,16 +17,12 @@ from common.distributed import Distributed
 from common.errors import DataError
 
 
-# Far more epochs than any run; the training stream is built lazily, epoch by epoch.
-MAX_EPOCHS = 1 << 30
-
-
 @dataclasses.dataclass
 class Datasets:
     """What an application's ``build_datasets`` returns to the trainer.
 
     ``train_epoch(epoch)`` builds this rank's batches of one epoch, (x, y) or
-    (x, y, sample_weight), from ``epoch`` (an int64 tensor) alone: its file
+    (x, y, sample_weight), from ``epoch`` (an int) alone: its file
     order and shuffles are seeded by (train.seed, epoch), so epoch e is the
     same whether the run started at 0 or resumed at e.  It must hold at least
     ``steps_per_epoch`` batches.  ``validation`` yields the same
@@ -33,31 +30,29 @@ class Datasets:
     of steps (Horovod allreduces would hang otherwise).
     """
 
-    train_epoch: Callable[[tf.Tensor], tf.data.Dataset]
+    train_epoch: Callable[[int], tf.data.Dataset]
     validation: tf.data.Dataset | None
     steps_per_epoch: int
     validation_steps: int
     train_samples: int        # global samples used for training per epoch
     validation_samples: int   # global samples used for validation
+    skipped_files: list[str] = dataclasses.field(default_factory=list)  # data.on_bad_file: skip
 
-    def train_stream(self, first_epoch: int = 0, skip_steps: int = 0) -> tf.data.Dataset:
-        """Epochs ``first_epoch, first_epoch + 1, ...`` back to back, ``steps_per_epoch``
+    def train_stream(self, first_epoch: int, end_epoch: int, skip_steps: int = 0) -> tf.data.Dataset:
+        """Epochs ``first_epoch .. end_epoch - 1`` back to back, ``steps_per_epoch``
         batches each, the first ``skip_steps`` batches left out (mid-epoch resume)."""
-        steps = self.steps_per_epoch
-        stream = tf.data.Dataset.range(first_epoch, MAX_EPOCHS).flat_map(
-            lambda epoch: self.train_epoch(epoch).take(steps))
+        epochs = [self.train_epoch(e).take(self.steps_per_epoch) for e in range(first_epoch, end_epoch)]
+        stream = epochs[0]
+        for epoch in epochs[1:]:
+            stream = stream.concatenate(epoch)
         if skip_steps:
             stream = stream.skip(skip_steps)
         return stream.prefetch(tf.data.AUTOTUNE)
 
-    @property
-    def train(self) -> tf.data.Dataset:
-        return self.train_stream()
 
-
-def epoch_seed(base_seed: int, epoch, salt: int = 0):
-    """A scalar int64 seed for one epoch's shuffles (same on every rank)."""
-    return tf.cast(base_seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64) * 7919 + salt
+def epoch_seed(base_seed: int, epoch: int, salt: int = 0) -> int:
+    """The seed of one epoch's shuffles (the same on every rank), within int64."""
+    return (base_seed * 1_000_003 + epoch * 7919 + salt) % (1 << 62)
 
 
 def list_files(directory: str | pathlib.Path, patterns: tuple[str, ...], what: str) -> list[str]:
@@ -69,6 +64,50 @@ def list_files(directory: str | pathlib.Path, patterns: tuple[str, ...], what: s
     if not files:
         raise DataError(f"{directory}: no {what} files matching {' or '.join(patterns)}")
     return files
+
+
+def screen_files(files: list[str], inspect: Callable[[str], int], dist: Distributed, on_bad_file: str,
+                 where: str) -> tuple[list[str], dict[str, int], list[str]]:
+    """Inspect every file once, each rank a share, and agree on the verdicts over ranks.
+
+    ``inspect(path)`` returns the file's sample count or raises
+    :class:`DataError`.  With ``on_bad_file="fail"`` the first problem is
+    raised (with the number of others); with ``"skip"`` bad files are left
+    out and each is reported once by rank 0.  Returns (good files in order,
+    their sample counts, the problems).
+    """
+    def verdicts(paths):
+        out = {}
+        for path in paths:
+            try:
+                out[path] = (inspect(path), None)
+            except DataError as exc:
+                out[path] = (0, str(exc))
+        return out
+
+    merged: dict[str, tuple[int, str | None]] = {}
+    for part in dist.allgather_object(verdicts(files[dist.rank::dist.size])):
+        merged.update(part)
+    # Files no rank reported (a stand-in Distributed that plays one rank of many) are inspected here.
+    merged.update(verdicts([f for f in files if f not in merged]))
+    problems = [merged[f][1] for f in files if merged[f][1]]
+    if problems and on_bad_file == "fail":
+        others = f" (and {len(problems) - 1} more bad files: python -m common.check_data lists them, " \
+                 "data.on_bad_file: skip leaves them out)" if len(problems) > 1 else ""
+        raise DataError(problems[0] + others)
+    if problems and dist.is_root:
+        for problem in problems:
+            print(f"warning: skipping bad file: {problem}", flush=True)
+    good = [f for f in files if not merged[f][1]]
+    if not good:
+        raise DataError(f"{where}: all {len(files)} files are bad; the first: {problems[0]}")
+    return good, {f: merged[f][0] for f in good}, problems
+
+
+def data_error_from_pipeline(exc: Exception) -> DataError | None:
+    """The :class:`DataError` a reader raised inside tf.data (numpy_function), if that is what ``exc`` carries."""
+    match = re.search(r"DataError: ([^\n]+)", str(exc))
+    return DataError(match.group(1).strip()) if match else None
 
 
 def select_count(available: int, requested: int | None, key: str, where: str) -> int:
@@ -98,7 +137,7 @@ def shuffled_shards(files: list[str], dist: Distributed, seed, shuffle: bool = T
     """
     names = tf.constant(files)
     if shuffle:
-        names = tf.random.experimental.stateless_shuffle(names, seed=tf.stack([tf.cast(seed, tf.int64), 0]))
+        names = tf.random.experimental.stateless_shuffle(names, seed=[seed, 0])
     dataset = tf.data.Dataset.from_tensor_slices(names)
     if shards_files(len(files), dist):
         dataset = dataset.shard(dist.size, dist.rank)

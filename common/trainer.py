@@ -27,7 +27,7 @@ from common import checkpoint, precision
 from common.callbacks import (AverageMetricsOverRanks, AverageNonTrainableOverRanks, EpochReport, LearningRateLog,
                               SaveCheckpoint, Throughput, rng_variables, state_variables)
 from common.config import AppConfig, save_config
-from common.data import Datasets
+from common.data import Datasets, data_error_from_pipeline
 from common.distributed import Distributed
 from common.errors import NonFiniteLoss, Preempted, UserInputError
 from common.flops import FLOP_CONVENTION, TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
@@ -63,6 +63,7 @@ class Application:
     metrics: Callable[[Any], list]
     default_config: pathlib.Path | None = None
     prepare_data: Callable[[Any], Any] | None = None   # rank 0, before the datasets are built
+    check_data: Callable[[Any], tuple[int, list[str]]] | None = None  # cfg -> (files checked, every problem)
     mlperf: MlperfSpec | None = None
 
 
@@ -258,7 +259,7 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
                               loss_scaled=precision.needs_loss_scaling(cfg.train.precision),
                               max_nonfinite_steps=cfg.train.max_nonfinite_steps, first_step_offset=skip_steps)
             fit_history = model.fit(
-                datasets.train_stream(start_epoch, skip_steps), epochs=end_epoch, initial_epoch=start_epoch,
+                datasets.train_stream(start_epoch, end_epoch, skip_steps), epochs=end_epoch, initial_epoch=start_epoch,
                 steps_per_epoch=datasets.steps_per_epoch - skip_steps, validation_data=datasets.validation,
                 validation_steps=datasets.validation_steps if datasets.validation is not None else None,
                 callbacks=callbacks + [guard], verbose=_verbosity(dist), shuffle=False)
@@ -272,11 +273,21 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     except NonFiniteLoss:
         _finish_mlperf(mlperf_callback, aborted=True)
         raise
+    except tf.errors.OpError as exc:
+        # A reader's DataError raised inside tf.data arrives wrapped in a TF error: unwrap it (exit 2).
+        data_error = data_error_from_pipeline(exc)
+        _finish_mlperf(mlperf_callback, aborted=True)
+        if data_error is not None:
+            raise data_error from None
+        raise
     finally:
         stop_request.close()
         if watchdog is not None:
             watchdog.stop()
     _finish_mlperf(mlperf_callback)
+    if datasets.skipped_files and dist.is_root:
+        print(f"skipped {len(datasets.skipped_files)} bad file(s) (data.on_bad_file: skip); see the warnings above",
+              flush=True)
 
     summary = _summary(app, cfg, dist, history, network, forward_flops, global_batch_size, datasets,
                        peak_flops_total, time.time() - started, first_epoch, mlperf_callback)
@@ -351,6 +362,7 @@ def _summary(app, cfg, dist, history, network, forward_flops, global_batch_size,
         "peak_tflops": peak_flops_total / 1e12 if peak_flops_total else None,
         "ratio_to_peak": tflops * 1e12 / peak_flops_total if tflops and peak_flops_total else None,
         "wall_time_s": wall_time_s,
+        "skipped_files": datasets.skipped_files,
         "final": last,
     }
     if mlperf_callback is not None:

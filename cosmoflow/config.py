@@ -69,10 +69,6 @@ class CosmoModelSection(Section):
     output_scale: PositiveFloat = Field(1.2, description="tanh output scaled by this")
 
 
-class CosmoMlperfTarget(Section):
-    target_mae: PositiveFloat = 0.124
-
-
 class CosmoflowConfig(AppConfig):
     data: CosmoDataSection
     model: CosmoModelSection = Field(default_factory=CosmoModelSection)

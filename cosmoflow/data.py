@@ -21,10 +21,11 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.data import (Datasets, epoch_seed, list_files, select_count, shards_files, shuffled_shards, stage_files,
-                         steps_for)
+from common.data import (Datasets, epoch_seed, list_files, screen_files, select_count, shards_files, shuffled_shards,
+                         stage_files, steps_for)
 from common.distributed import Distributed
 from common.errors import DataError
+from common.tfrecord import scan_tfrecord
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
 
 TFRECORD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.tfrecords.gz")
@@ -36,10 +37,6 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 def _compression(cfg_data) -> str:
     return "GZIP" if cfg_data.compression == "gzip" else ""
-
-
-def count_records(path: str, compression: str) -> int:
-    return sum(1 for _ in tf.data.TFRecordDataset(path, compression_type=compression))
 
 
 def parse_example(record, sample_shape):
@@ -61,6 +58,7 @@ def hdf5_crops(path: str, crop: tuple[int, int, int, int]) -> int:
             if "full" not in f or "unitPar" not in f:
                 raise DataError(f"{path}: expected datasets 'full' and 'unitPar'")
             shape = f["full"].shape
+            dtype = f["full"].dtype
             targets = f["unitPar"].shape
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
@@ -70,6 +68,8 @@ def hdf5_crops(path: str, crop: tuple[int, int, int, int]) -> int:
         raise DataError(f"{path}: 'full' shape {shape[:3]} is not a multiple of the crop {crop[:3]}")
     if targets != (len(TARGET_NAMES),):
         raise DataError(f"{path}: 'unitPar' has shape {targets}, expected ({len(TARGET_NAMES)},)")
+    if not np.issubdtype(dtype, np.integer):
+        raise DataError(f"{path}: 'full' has dtype {dtype}, expected integer particle counts")
     return int(np.prod([s // c for s, c in zip(shape[:3], crop[:3])]))
 
 
@@ -82,6 +82,8 @@ def read_hdf5_crop(path, index, crop):
         i, j, k = np.unravel_index(int(index), per_side)
         x = full[i * crop[0]:(i + 1) * crop[0], j * crop[1]:(j + 1) * crop[1], k * crop[2]:(k + 1) * crop[2], :]
         y = f["unitPar"][:]
+    if not np.all(np.isfinite(y)):
+        raise DataError(f"{path}: 'unitPar' holds NaN or Inf")
     return np.asarray(x, np.int16), np.asarray(y, np.float32)
 
 
@@ -110,24 +112,63 @@ def augment(x, seed):
 
 # -- pipeline ---------------------------------------------------------------------------
 
-def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key: str):
-    """(files to read, samples available in them, samples used) for one split."""
+def _check_first_record(path: str, cfg: CosmoflowConfig) -> None:
+    """The first record has an ``x`` of ``sample_shape`` int16 values and a ``y`` of 4 floats."""
+    record = next(iter(tf.data.TFRecordDataset(path, compression_type=_compression(cfg.data))))
+    example = tf.train.Example.FromString(record.numpy())
+    features = example.features.feature
+    if "x" not in features or "y" not in features:
+        raise DataError(f"{path}: records need features 'x' (int16 bytes) and 'y' (4 floats), "
+                        f"found {sorted(features)}")
+    expected = int(np.prod(cfg.data.sample_shape)) * 2
+    size = len(features["x"].bytes_list.value[0]) if features["x"].bytes_list.value else 0
+    if size != expected:
+        raise DataError(f"{path}: 'x' holds {size} bytes, expected {expected} (int16 x data.sample_shape "
+                        f"{list(cfg.data.sample_shape)})")
+    if len(features["y"].float_list.value) != len(TARGET_NAMES):
+        raise DataError(f"{path}: 'y' holds {len(features['y'].float_list.value)} floats, expected {len(TARGET_NAMES)}")
+
+
+def _inspect_tfrecord(cfg: CosmoflowConfig):
+    data = cfg.data
+
+    def inspect(path: str) -> int:
+        if data.compression == "gzip":
+            # A full walk decompresses everything: left to common.check_data; here the header and size.
+            with open(path, "rb") as handle:
+                if handle.read(2) != b"\x1f\x8b":
+                    raise DataError(f"{path}: not a GZIP file (data.compression is gzip)")
+            return data.samples_per_file
+        count = scan_tfrecord(path)
+        if count != data.samples_per_file:
+            raise DataError(f"{path}: holds {count} records but data.samples_per_file is {data.samples_per_file}")
+        return count
+
+    return inspect
+
+
+def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key: str, dist: Distributed):
+    """(files to read, samples used, HDF5 crop index or None, bad-file problems) for one split."""
     data = cfg.data
     directory = pathlib.Path(data.data_dir) / split
     if data.format == "tfrecord":
         files = list_files(directory, TFRECORD_PATTERNS, f"CosmoFlow {split} TFRecord")
-        first = count_records(files[0], _compression(data))
-        if first != data.samples_per_file:
-            raise DataError(f"{files[0]}: holds {first} records but data.samples_per_file is {data.samples_per_file}")
-        available = len(files) * data.samples_per_file
-        used = select_count(available, requested, key, str(directory))
-        files = files[: -(-used // data.samples_per_file)]
-        return files, used, None
+        files, counts, problems = screen_files(files, _inspect_tfrecord(cfg), dist, data.on_bad_file, str(directory))
+        _check_first_record(files[0], cfg)
+        used = select_count(sum(counts.values()), requested, key, str(directory))
+        chosen, total = [], 0
+        for f in files:
+            if total >= used:
+                break
+            chosen.append(f)
+            total += counts[f]
+        return chosen, used, None, problems
     files = list_files(directory, HDF5_PATTERNS, f"CosmoFlow {split} HDF5")
-    crops = [hdf5_crops(f, data.sample_shape) for f in files]
-    used = select_count(sum(crops), requested, key, str(directory))
-    index = [(f, c) for f, n in zip(files, crops) for c in range(n)][:used]
-    return sorted({f for f, _ in index}), used, index
+    files, crops, problems = screen_files(files, lambda f: hdf5_crops(f, data.sample_shape), dist,
+                                          data.on_bad_file, str(directory))
+    used = select_count(sum(crops.values()), requested, key, str(directory))
+    index = [(f, c) for f in files for c in range(crops[f])][:used]
+    return sorted({f for f, _ in index}), used, index, problems
 
 
 def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed, training: bool):
@@ -139,15 +180,19 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
     shape = tuple(data.sample_shape)
     if data.format == "tfrecord":
         if data.stage_dir and training:
-            rank_seed = tf.stack([tf.cast(seed, tf.int64), tf.constant(dist.rank, tf.int64)])
-            names = tf.random.experimental.stateless_shuffle(tf.constant(files), seed=rank_seed)
+            names = tf.random.experimental.stateless_shuffle(tf.constant(files), seed=[seed, dist.rank])
             names = tf.data.Dataset.from_tensor_slices(names)
             record_sharding = False
         else:
             names = shuffled_shards(files, dist, seed, shuffle=training)
             record_sharding = not shards_files(len(files), dist)
+        def read_file(name):
+            records = tf.data.TFRecordDataset(name, compression_type=_compression(data))
+            # With on_bad_file: skip, damage found while reading (past the start-up checks) drops the rest of that file.
+            return records.ignore_errors(log_warning=True) if data.on_bad_file == "skip" else records
+
         records = names.interleave(
-            lambda name: tf.data.TFRecordDataset(name, compression_type=_compression(data)),
+            read_file,
             # Evaluation reads files one after another, so samples come in file order.
             cycle_length=min(8, len(files)) if training else 1, num_parallel_calls=AUTOTUNE, deterministic=True)
         if record_sharding:
@@ -157,7 +202,7 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
     paths = tf.constant([p for p, _ in index])
     crops = tf.constant([c for _, c in index], dtype=tf.int64)
     if training:
-        order = tf.random.experimental.stateless_shuffle(tf.range(len(index)), seed=tf.stack([seed, 1]))
+        order = tf.random.experimental.stateless_shuffle(tf.range(len(index)), seed=[seed, 1])
         paths, crops = tf.gather(paths, order), tf.gather(crops, order)
     items = tf.data.Dataset.from_tensor_slices((paths, crops)).shard(dist.size, dist.rank)
 
@@ -192,8 +237,9 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     """Training (repeating) and validation pipelines for this rank."""
     data = cfg.data
     seed = cfg.train.seed
-    train_files, n_train, train_index = _split_samples(cfg, "train", data.n_train, "data.n_train")
-    valid_files, n_valid, valid_index = _split_samples(cfg, "validation", data.n_valid, "data.n_valid")
+    train_files, n_train, train_index, train_bad = _split_samples(cfg, "train", data.n_train, "data.n_train", dist)
+    valid_files, n_valid, valid_index, valid_bad = _split_samples(cfg, "validation", data.n_valid, "data.n_valid",
+                                                                  dist)
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
 
@@ -211,12 +257,13 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     return Datasets(train_epoch=train_epoch, validation=validation, steps_per_epoch=steps,
                     validation_steps=valid_steps,
                     train_samples=steps * data.batch_size * dist.size,
-                    validation_samples=valid_steps * data.batch_size * dist.size)
+                    validation_samples=valid_steps * data.batch_size * dist.size,
+                    skipped_files=train_bad + valid_bad)
 
 
 def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple[tf.data.Dataset, int]:
     """Every sample of a split, in file order, in batches (the last one may be short)."""
-    files, used, index = _split_samples(cfg, split, None, "data")
+    files, used, index, _ = _split_samples(cfg, split, None, "data", Distributed(None))
     records = _records(cfg, files, index, Distributed(None), cfg.train.seed, training=False)
     target_index = [TARGET_NAMES.index(n) for n in cfg.data.target_names]
     dataset = records.map(lambda x, y: (normalise(x, cfg.data.apply_log), tf.gather(y, target_index)),
@@ -226,7 +273,7 @@ def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple
 
 def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
     """All normalised targets of a split (for baselines), selected as configured."""
-    files, used, index = _split_samples(cfg, split, None, "data")
+    files, used, index, _ = _split_samples(cfg, split, None, "data", Distributed(None))
     target_index = [TARGET_NAMES.index(n) for n in cfg.data.target_names]
     if cfg.data.format == "hdf5":
         values = []
@@ -240,3 +287,49 @@ def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
         raw = tf.data.TFRecordDataset(files, compression_type=_compression(cfg.data))
         ys = np.stack([tf.io.parse_single_example(r, spec)["y"].numpy() for r in raw])
     return ys[:, target_index]
+
+
+def check_data(cfg: CosmoflowConfig) -> tuple[int, list[str]]:
+    """Read every file of both splits completely; (files checked, every problem found)."""
+    data = cfg.data
+    problems: list[str] = []
+    checked = 0
+    for split in ("train", "validation"):
+        directory = pathlib.Path(data.data_dir) / split
+        try:
+            files = list_files(directory, TFRECORD_PATTERNS if data.format == "tfrecord" else HDF5_PATTERNS,
+                               f"CosmoFlow {split} {data.format}")
+        except DataError as exc:
+            problems.append(str(exc))
+            continue
+        for path in files:
+            checked += 1
+            try:
+                if data.format == "tfrecord":
+                    _check_tfrecord_fully(path, cfg)
+                else:
+                    for crop in range(hdf5_crops(path, data.sample_shape)):
+                        x, _ = read_hdf5_crop(path, crop, data.sample_shape)
+                        if x.min() < 0:
+                            raise DataError(f"{path}: negative particle counts in crop {crop}")
+            except DataError as exc:
+                problems.append(str(exc))
+    return checked, problems
+
+
+def _check_tfrecord_fully(path: str, cfg: CosmoflowConfig) -> None:
+    data = cfg.data
+    count = scan_tfrecord(path, data.compression, verify_data=True)
+    if count != data.samples_per_file:
+        raise DataError(f"{path}: holds {count} records but data.samples_per_file is {data.samples_per_file}")
+    expected = int(np.prod(data.sample_shape)) * 2
+    for i, record in enumerate(tf.data.TFRecordDataset(path, compression_type=_compression(data))):
+        features = tf.train.Example.FromString(record.numpy()).features.feature
+        x = features["x"].bytes_list.value[0] if "x" in features and features["x"].bytes_list.value else b""
+        y = np.array(features["y"].float_list.value if "y" in features else [], np.float32)
+        if len(x) != expected:
+            raise DataError(f"{path}: record {i}: 'x' holds {len(x)} bytes, expected {expected}")
+        if y.shape != (len(TARGET_NAMES),) or not np.all(np.isfinite(y)):
+            raise DataError(f"{path}: record {i}: 'y' must be {len(TARGET_NAMES)} finite floats, got {y.tolist()}")
+        if np.frombuffer(x, np.int16).min() < 0:
+            raise DataError(f"{path}: record {i}: negative particle counts")

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 
 import numpy as np
 
-from common.cli import exit_on_user_error
+from common.cli import exit_process, exit_on_user_error
 from common.errors import UserInputError
 
 
@@ -114,4 +113,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

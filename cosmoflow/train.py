@@ -7,12 +7,11 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 
-from common.cli import run_train
+from common.cli import exit_process, run_train
 from common.trainer import Application, MlperfSpec
 from cosmoflow.config import CosmoflowConfig
-from cosmoflow.data import build_datasets
+from cosmoflow.data import build_datasets, check_data
 from cosmoflow.mock import ensure_mock_data
 from cosmoflow.model import build_model
 
@@ -37,6 +36,7 @@ APPLICATION = Application(
     metrics=lambda cfg: ["mae"],
     default_config=REPO_ROOT / "configs" / "cosmoflow" / "demo.yaml",
     prepare_data=_prepare_data,
+    check_data=check_data,
     mlperf=MlperfSpec(benchmark="cosmoflow", metric_key="eval_error", logs_key="val_mae",
                       target=lambda cfg: 0.124, hyperparameters=_mlperf_hyperparameters),
 )
@@ -47,4 +47,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.data import Datasets, epoch_seed, list_files, select_count, steps_for
+from common.data import Datasets, epoch_seed, list_files, screen_files, select_count, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 from hep_cnn.config import HepConfig
@@ -65,18 +65,25 @@ def _check_layout(path: str, layout: str, image_size: int) -> int:
     return n
 
 
-def split_chunks(cfg: HepConfig, split: str) -> list[Chunk]:
-    """The chunks of events (file, start, stop) that make up one split."""
+def split_chunks(cfg: HepConfig, split: str, dist: Distributed | None = None,
+                 problems: list[str] | None = None) -> list[Chunk]:
+    """The chunks of events (file, start, stop) that make up one split (bad files appended to ``problems``)."""
     data = cfg.data
+    dist = dist or Distributed(None)
     files = list_files(data.data_dir, ("*.h5", "*.hdf5"), "HEP event")
     if data.split == "by_name":
         files = [f for f in files if any(tag in pathlib.Path(f).name for tag in SPLIT_NAMES[split])]
         if not files:
             raise DataError(f"{data.data_dir}: no files with {' or '.join(SPLIT_NAMES[split])} in their name "
                             f"for the {split} split (or set data.split: fractions)")
-        ranges = [(f, 0, _check_layout(f, data.layout, data.image_size)) for f in files]
+    files, counts, bad = screen_files(files, lambda f: _check_layout(f, data.layout, data.image_size), dist,
+                                      data.on_bad_file, data.data_dir)
+    if problems is not None:
+        problems.extend(bad)
+    if data.split == "by_name":
+        ranges = [(f, 0, counts[f]) for f in files]
     else:
-        sizes = [(f, _check_layout(f, data.layout, data.image_size)) for f in files]
+        sizes = [(f, counts[f]) for f in files]
         total = sum(n for _, n in sizes)
         bounds = np.cumsum([0.0, *data.fractions]) * total
         index = ("train", "validation", "test").index(split)
@@ -117,6 +124,13 @@ def read_chunk(path: str, start: int, stop: int, layout: str, channels: int):
         labels = f[keys["label"]][start:stop]
         weights = f[keys["weight"]][start:stop]
         pass_sr = f[keys["pass_sr"]][start:stop]
+    where = f"{path} events {start}-{stop}"
+    if not np.all(np.isfinite(images)):
+        raise DataError(f"{where}: images hold NaN or Inf")
+    if not np.all(np.isin(labels, (0, 1))):
+        raise DataError(f"{where}: labels outside {{0, 1}}: {sorted(set(np.unique(labels)) - {0, 1})[:5]}")
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise DataError(f"{where}: event weights must be finite and >= 0")
     return (np.asarray(images, np.float32), np.asarray(labels, np.int32).reshape(-1),
             np.asarray(weights, np.float32).reshape(-1), np.asarray(pass_sr, np.int32).reshape(-1))
 
@@ -167,7 +181,7 @@ def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed
     columns = (tf.constant([c.path for c in chunks]), tf.constant([c.start for c in chunks], tf.int64),
                tf.constant([c.stop for c in chunks], tf.int64))
     if training:
-        order = tf.random.experimental.stateless_shuffle(tf.range(len(chunks)), seed=tf.stack([seed, 0]))
+        order = tf.random.experimental.stateless_shuffle(tf.range(len(chunks)), seed=[seed, 0])
         columns = tuple(tf.gather(column, order) for column in columns)
     table = tf.data.Dataset.from_tensor_slices(columns)
     shard_chunks = len(chunks) >= dist.size
@@ -223,9 +237,11 @@ def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed) -> t
 def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
     data = cfg.data
     seed = cfg.train.seed
-    train_chunks, n_train = limit_chunks(split_chunks(cfg, "train"), data.n_train, "data.n_train", data.data_dir)
-    valid_chunks, n_valid = limit_chunks(split_chunks(cfg, "validation"), data.n_validation, "data.n_validation",
+    bad: list[str] = []
+    train_chunks, n_train = limit_chunks(split_chunks(cfg, "train", dist, bad), data.n_train, "data.n_train",
                                          data.data_dir)
+    valid_chunks, n_valid = limit_chunks(split_chunks(cfg, "validation", dist, bad), data.n_validation,
+                                         "data.n_validation", data.data_dir)
     maxima = load_maxima(cfg)
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (train)")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (validation)")
@@ -236,7 +252,7 @@ def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
 
     validation = _batches(cfg, _events(cfg, valid_chunks, maxima, dist, seed, False).repeat(2), False, seed)
     return Datasets(train_epoch=train_epoch, validation=validation.take(valid_steps).repeat(),
-                    steps_per_epoch=steps, validation_steps=valid_steps,
+                    steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
                     train_samples=steps * data.batch_size * dist.size,
                     validation_samples=valid_steps * data.batch_size * dist.size)
 
@@ -247,5 +263,32 @@ def evaluation_events(cfg: HepConfig, split: str = "test"):
     maxima = load_maxima(cfg)
     raw = cfg.model_copy(deep=True)
     raw.data.weight_normalisation = "none"
-    events = _events(raw, chunks, maxima, Distributed(None), tf.constant(cfg.train.seed, tf.int64), training=False)
+    events = _events(raw, chunks, maxima, Distributed(None), cfg.train.seed, training=False)
     return events.batch(cfg.data.batch_size).prefetch(AUTOTUNE)
+
+
+def check_data(cfg: HepConfig) -> tuple[int, list[str]]:
+    """Read every event of every file; (files checked, every problem found)."""
+    data = cfg.data
+    problems: list[str] = []
+    try:
+        files = list_files(data.data_dir, ("*.h5", "*.hdf5"), "HEP event")
+    except DataError as exc:
+        return 0, [str(exc)]
+    for path in files:
+        try:
+            n = _check_layout(path, data.layout, data.image_size)
+            for start in range(0, n, data.chunk_size):
+                read_chunk(path, start, min(n, start + data.chunk_size), data.layout, 3)
+        except DataError as exc:
+            problems.append(str(exc))
+    for split in ("train", "validation", "test"):
+        try:
+            if not split_chunks(cfg.model_copy(update={"data": data.model_copy(update={"on_bad_file": "skip"})}),
+                                split):
+                problems.append(f"{data.data_dir}: the {split} split is empty")
+        except DataError as exc:
+            problems.append(str(exc))
+    if not maxima_path(cfg).is_file():
+        problems.append(f"{maxima_path(cfg)}: training-set maxima not found; run python -m hep_cnn.maxima")
+    return len(files), problems

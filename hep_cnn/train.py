@@ -7,14 +7,13 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 
 import keras
 
-from common.cli import run_train
+from common.cli import exit_process, run_train
 from common.trainer import Application
 from hep_cnn.config import HepConfig
-from hep_cnn.data import build_datasets, maxima_path
+from hep_cnn.data import build_datasets, check_data, maxima_path
 from hep_cnn.maxima import write_maxima
 from hep_cnn.model import build_model
 from hep_cnn.synth import generate_dataset
@@ -50,6 +49,7 @@ APPLICATION = Application(
     metrics=lambda cfg: ["accuracy"],
     default_config=REPO_ROOT / "configs" / "hep_cnn" / "demo.yaml",
     prepare_data=_prepare_data,
+    check_data=check_data,
 )
 
 
@@ -58,4 +58,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -53,7 +53,7 @@ def test_tfrecord_values_and_counts(tmp_path, gzip, per_file):
     np.testing.assert_allclose(y.numpy(), np.stack([s[1] for s in valid[:2]]))
 
     # One training epoch is a permutation of all training samples.
-    seen = sorted(float(v) for _, y in datasets.train.take(6) for v in y.numpy()[:, 0])
+    seen = sorted(float(v) for _, y in datasets.train_epoch(0).take(6) for v in y.numpy()[:, 0])
     assert seen == pytest.approx(sorted(float(s[1][0]) for s in train))
 
 
@@ -104,7 +104,7 @@ def test_two_rank_shards_are_disjoint_and_agree_on_order(tmp_path):
     for rank in (0, 1):
         datasets = build_datasets(cfg, Rank(rank))
         assert datasets.steps_per_epoch == 2
-        firsts.append({round(float(v), 6) for _, y in datasets.train.take(2) for v in y.numpy()[:, 0]})
+        firsts.append({round(float(v), 6) for _, y in datasets.train_epoch(0).take(2) for v in y.numpy()[:, 0]})
     assert not firsts[0] & firsts[1] and len(firsts[0] | firsts[1]) == 8
 
 
@@ -149,6 +149,6 @@ def test_staging_copies_this_ranks_share(tmp_path):
     datasets = build_datasets(cfg, Rank1())
     staged = sorted(p.name for p in (stage / "rank-1").iterdir())
     assert staged == ["part_0001.tfrecord", "part_0003.tfrecord", "part_0005.tfrecord"]
-    values = sorted(round(float(v), 6) for _, y in datasets.train.take(1) for v in y.numpy()[:, 0])
+    values = sorted(round(float(v), 6) for _, y in datasets.train_epoch(0).take(1) for v in y.numpy()[:, 0])
     originals = {round(float(s[1][0]), 6) for i, s in enumerate(make_samples(6, 8)) if i % 2 == 1}
     assert set(values) <= originals
