@@ -160,6 +160,8 @@ class SaveCheckpoint(keras.callbacks.Callback):
             checkpoint.save_checkpoint(self.directory, epochs_completed, state_variables(self.model),
                                        optimizer.variables, state, keep=self.keep, step_in_epoch=step_in_epoch,
                                        rng_states=gathered)
+        # Nobody leaves (a preemption exit, a launcher killing the job) before rank 0 has written it.
+        self.dist.barrier()
         if self.watchdog is not None:
             self.watchdog.beat()
 

@@ -106,6 +106,10 @@ class OptimizerSection(Section):
 
 class DistributedSection(Section):
     gradient_compression: Literal["none", "fp16"] = "none"
+    # Horovod knobs, exported by the SLURM scripts (python -m common.slurm env) before the ranks start.
+    fusion_threshold_mb: PositiveFloat | None = Field(None, description="HOROVOD_FUSION_THRESHOLD (default 128 MiB)")
+    cycle_time_ms: PositiveFloat | None = Field(None, description="HOROVOD_CYCLE_TIME")
+    hierarchical_allreduce: bool = Field(False, description="HOROVOD_HIERARCHICAL_ALLREDUCE (intra-node, then inter)")
 
 
 class MlperfSection(Section):

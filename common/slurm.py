@@ -1,0 +1,65 @@
+"""Helpers the SLURM scripts call (slurm/*.sbatch).
+
+    python -m common.slurm env   --config C [--set k=v ...]   # shell assignments for the job
+    python -m common.slurm stage --config C [--set k=v ...]   # run under srun: each rank stages its share
+
+``env`` prints ``export`` lines for the Horovod knobs of the config's
+``distributed`` section, and ``STAGE_DIR=...`` (empty when the config asks
+for no staging).  ``stage`` builds the datasets once, which copies each
+rank's share of the training files to ``data.stage_dir`` in parallel; the
+training step that follows finds them in place and copies nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from common.check_data import find_application
+from common.cli import exit_on_user_error, exit_process
+from common.config import load_config
+
+
+def horovod_environment(cfg) -> dict[str, str]:
+    d = cfg.distributed
+    env = {"HDF5_USE_FILE_LOCKING": "FALSE"}
+    if d.fusion_threshold_mb is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(int(d.fusion_threshold_mb * 1024 * 1024))
+    if d.cycle_time_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = f"{d.cycle_time_ms:g}"
+    if d.hierarchical_allreduce:
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+    return env
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m common.slurm")
+    parser.add_argument("command", choices=["env", "stage"])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--app")
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        application = find_application(args.config, args.app)
+        cfg = load_config(application.config_schema, args.config, args.set)
+        if args.command == "env":
+            for key, value in horovod_environment(cfg).items():
+                print(f"export {key}={shlex.quote(value)}")
+            print(f"STAGE_DIR={shlex.quote(getattr(cfg.data, 'stage_dir', None) or '')}")
+            return 0
+        from common import distributed
+
+        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
+        if application.prepare_data is not None and dist.is_root:
+            application.prepare_data(cfg)
+        dist.barrier()
+        datasets = application.build_datasets(cfg, dist)
+        dist.barrier()
+        if dist.is_root:
+            print(f"staged the training files of {dist.size} rank(s) to {cfg.data.stage_dir} "
+                  f"({datasets.train_samples} samples per epoch)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())

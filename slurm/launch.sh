@@ -1,0 +1,73 @@
+# shellcheck shell=bash
+# Shared body of slurm/*.sbatch (sourced, not run).  The machine script sets
+# MACHINE, RANKS_PER_NODE, CPUS_PER_TASK, SRUN_BIND (array) and THREAD_OVERRIDES
+# (array of --set options), then sources this with the job's arguments:
+#
+#   sbatch -N <nodes> slurm/<machine>.sbatch <app> <config.yaml> [--set key=value ...]
+#
+# It exports HDF5_USE_FILE_LOCKING=FALSE and the config's Horovod knobs, stages
+# each rank's share of the training files when the config has data.stage_dir,
+# trains with --resume into runs/<app>-<job id> (the same directory after a
+# requeue), forwards SLURM's warning signal to the ranks, and requeues the job
+# when the trainer exits with 75 (checkpoint saved at a step boundary).
+set -euo pipefail
+
+usage() {
+    echo "usage: sbatch -N <nodes> slurm/${MACHINE}.sbatch <app> <config.yaml> [--set key=value ...]" >&2
+    exit 2
+}
+[ "$#" -ge 2 ] || usage
+APP=$1
+CONFIG=$2
+shift 2
+OVERRIDES=("$@")
+
+ROOT=${HPC_DL_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
+cd "$ROOT"
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+JOB=${SLURM_JOB_ID:?not running under SLURM: SLURM_JOB_ID is not set}
+NODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+NTASKS=$((NODES * RANKS_PER_NODE))
+RUN_DIR=${RUN_DIR:-$ROOT/runs/$APP-$JOB}
+PREEMPTED=75
+mkdir -p "$RUN_DIR"
+LOG=$RUN_DIR/train.restart-${SLURM_RESTART_COUNT:-0}.log
+
+echo "launch: $MACHINE, $NODES node(s) x $RANKS_PER_NODE rank(s), $APP $CONFIG -> $RUN_DIR (log $LOG)"
+eval "$("$PYTHON" -m common.slurm env --app "$APP" --config "$CONFIG" "${OVERRIDES[@]}")"
+
+SRUN=(srun --nodes "$NODES" --ntasks "$NTASKS" --ntasks-per-node "$RANKS_PER_NODE"
+      --cpus-per-task "$CPUS_PER_TASK" "${SRUN_BIND[@]}" --kill-on-bad-exit=1)
+
+if [ -n "${STAGE_DIR:-}" ]; then
+    echo "launch: staging each rank's share of the training files to $STAGE_DIR"
+    "${SRUN[@]}" "$PYTHON" -m common.slurm stage --app "$APP" --config "$CONFIG" \
+        "${THREAD_OVERRIDES[@]}" "${OVERRIDES[@]}" >>"$LOG" 2>&1
+fi
+
+"${SRUN[@]}" "$PYTHON" -m "$APP.train" --config "$CONFIG" --output-dir "$RUN_DIR" --resume \
+    "${THREAD_OVERRIDES[@]}" "${OVERRIDES[@]}" >>"$LOG" 2>&1 &
+TRAINER=$!
+
+# shellcheck disable=SC2317  # called from the traps below
+forward() {
+    echo "launch: $1 received; the ranks checkpoint at the next step and stop" >&2
+    kill -s USR1 "$TRAINER" 2>/dev/null || true
+}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+
+# A trapped signal interrupts `wait`: keep waiting until srun itself has ended.
+while kill -0 "$TRAINER" 2>/dev/null; do
+    wait "$TRAINER" || true
+done
+status=0
+wait "$TRAINER" || status=$?
+
+if [ "$status" -eq "$PREEMPTED" ]; then
+    echo "launch: preempted with a checkpoint; requeueing job $JOB (it resumes from $RUN_DIR)"
+    scontrol requeue "$JOB"
+    exit 0
+fi
+echo "launch: trainer exited with $status"
+exit "$status"
