@@ -84,7 +84,8 @@ def run_train(app, argv=None) -> int:
         from common import distributed
         from common.trainer import train
 
-        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
+        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
+                                groups=cfg.distributed.groups)
         output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
         try:
             train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak)

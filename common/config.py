@@ -110,6 +110,8 @@ class DistributedSection(Section):
     fusion_threshold_mb: PositiveFloat | None = Field(None, description="HOROVOD_FUSION_THRESHOLD (default 128 MiB)")
     cycle_time_ms: PositiveFloat | None = Field(None, description="HOROVOD_CYCLE_TIME")
     hierarchical_allreduce: bool = Field(False, description="HOROVOD_HIERARCHICAL_ALLREDUCE (intra-node, then inter)")
+    groups: PositiveInt = Field(1, description="synchronous groups of ranks, asynchronous across groups (SC17)")
+    exchange_every: PositiveInt = Field(10, description="steps between weight exchanges across groups")
 
 
 class MlperfSection(Section):

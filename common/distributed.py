@@ -53,13 +53,21 @@ def _local_size_hint() -> int:
 class Distributed:
     """Rank bookkeeping and collectives, over Horovod or a single process."""
 
-    def __init__(self, hvd=None):
+    def __init__(self, hvd=None, groups: int = 1, process_sets=None):
         self._hvd = hvd
         if hvd is None:
             self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         else:
             self.rank, self.size = hvd.rank(), hvd.size()
             self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        # Hybrid mode (SC17): synchronous groups of contiguous ranks, asynchronous across groups.
+        self.groups = groups
+        self.group_size = self.size // groups
+        self.group_index = self.rank // self.group_size
+        self.group_root = self.group_index * self.group_size
+        self.is_group_leader = self.rank == self.group_root
+        self._group_set, self._leaders_set = process_sets if process_sets else (None, None)
+        self._exchanger = None
 
     # -- facts ---------------------------------------------------------------
     @property
@@ -84,24 +92,56 @@ class Distributed:
         ``compression="fp16"`` halves the bytes on the wire for float32
         gradients; the result is cast back to each gradient's dtype.
         """
-        if self._hvd is None or self.size == 1:
+        if self._hvd is None or self.size == 1 or self.group_size == 1:
             return list(gradients)
         hvd = self._hvd
         dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
         present = [i for i, g in enumerate(dense) if g is not None]
         codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
-        reduced = hvd.grouped_allreduce([dense[i] for i in present], op=hvd.Average, compression=codec)
+        reduced = hvd.grouped_allreduce([dense[i] for i in present], op=hvd.Average, compression=codec,
+                                        **self._within_group())
         out = list(dense)
         for i, g in zip(present, reduced):
             out[i] = g
         return out
 
-    def allreduce(self, value, average: bool = True, name: str | None = None):
-        """Sum or average a tensor over ranks (eager or in a tf.function)."""
-        if self._hvd is None or self.size == 1:
+    def _within_group(self) -> dict:
+        return {"process_set": self._group_set} if self._group_set is not None else {}
+
+    def allreduce(self, value, average: bool = True, name: str | None = None, group_only: bool = False):
+        """Sum or average a tensor over ranks (eager or in a tf.function); ``group_only``:
+        over this rank's synchronous group (all ranks when there is one group)."""
+        if self._hvd is None or self.size == 1 or (group_only and self.group_size == 1):
             return tf.convert_to_tensor(value)
         op = self._hvd.Average if average else self._hvd.Sum
-        return self._hvd.allreduce(tf.convert_to_tensor(value), op=op, name=name)
+        scope = self._within_group() if group_only else {}
+        return self._hvd.allreduce(tf.convert_to_tensor(value), op=op, name=name, **scope)
+
+    def start_leader_average(self, arrays: list[np.ndarray], name: str):
+        """Group leaders only: average ``arrays`` over the leaders in a background thread.
+
+        Returns a future whose result is the list of averaged arrays; the
+        caller keeps training meanwhile (each leader's own group never waits
+        for the exchange until it needs the result).
+        """
+        if self._exchanger is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._exchanger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="group-exchange")
+        hvd, leaders = self._hvd, self._leaders_set
+
+        def exchange():
+            tensors = [tf.constant(a) for a in arrays]
+            reduced = hvd.grouped_allreduce(tensors, op=hvd.Average, process_set=leaders, name=name)
+            return [r.numpy() for r in reduced]
+
+        return self._exchanger.submit(exchange)
+
+    def broadcast_in_group(self, variables) -> None:
+        """Copy variables from this group's leader to the rest of the group."""
+        if self._hvd is None or self.group_size == 1:
+            return
+        self._hvd.broadcast_variables([getattr(v, "value", v) for v in variables], root_rank=self.group_root,
+                                      process_set=self._group_set)
 
     # -- eager helpers ----------------------------------------------------------
     def average_scalars(self, values: dict[str, float]) -> dict[str, float]:
@@ -155,7 +195,7 @@ class Distributed:
 _CURRENT: Distributed | None = None
 
 
-def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = True) -> Distributed:
+def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = True, groups: int = 1) -> Distributed:
     """Start the distributed backend once per process and return it.
 
     Horovod is used when a launcher says the world has more than one rank or
@@ -164,6 +204,9 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
 
     Threads: with ``intra_op_threads=0`` each rank takes its share of this
     node's cores, so N ranks on one machine do not oversubscribe it.
+
+    ``groups > 1`` registers Horovod process sets: each group of size / groups
+    contiguous ranks, and the set of group leaders (every group's first rank).
     """
     global _CURRENT
     if _CURRENT is not None:
@@ -179,13 +222,28 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
                 f"launched as {launched} ranks but Horovod is not importable ({exc}); run `make setup`") from None
         warnings.warn("Horovod is not importable; running as a single process", RuntimeWarning, stacklevel=2)
         hvd_module = None
+    process_sets = None
     if hvd_module is not None and (launched > 1 or "HOROVOD_RANK" in os.environ):
-        hvd_module.init()
+        if groups > 1:
+            if launched % groups:
+                raise UserInputError(f"distributed.groups={groups} does not divide the {launched} ranks")
+            group_size = launched // groups
+            group_sets = [hvd_module.ProcessSet(list(range(g * group_size, (g + 1) * group_size)))
+                          for g in range(groups)]
+            leaders_set = hvd_module.ProcessSet([g * group_size for g in range(groups)])
+            hvd_module.init(process_sets=[*group_sets, leaders_set] if group_size > 1 else [leaders_set])
+            rank = hvd_module.rank()
+            mine = group_sets[rank // group_size] if group_size > 1 else None
+            process_sets = (mine, leaders_set)
+        else:
+            hvd_module.init()
         hvd = hvd_module
+    elif groups > 1:
+        raise UserInputError(f"distributed.groups={groups} needs at least {groups} Horovod ranks")
 
     local_size = hvd.local_size() if hvd is not None else _local_size_hint() if launched > 1 else 1
     _configure_threads(intra_op_threads, inter_op_threads, local_size)
-    dist = Distributed(hvd)
+    dist = Distributed(hvd, groups=groups if hvd is not None else 1, process_sets=process_sets)
     if pin_gpu:
         _pin_gpu(dist.local_rank)
     _CURRENT = dist

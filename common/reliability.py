@@ -42,6 +42,8 @@ class StepSignals:
         self.stop_requested = tf.Variable(0.0, trainable=False, name="stop_requested")
         self.global_stop = tf.Variable(0.0, trainable=False, name="global_stop")
         self.global_loss = tf.Variable(0.0, trainable=False, name="global_loss")
+        self.exchange_ready = tf.Variable(0.0, trainable=False, name="exchange_ready")
+        self.group_exchange_ready = tf.Variable(0.0, trainable=False, name="group_exchange_ready")
 
 
 class StopRequest:

@@ -49,7 +49,8 @@ def main(argv=None) -> int:
             return 0
         from common import distributed
 
-        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
+        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
+                                groups=cfg.distributed.groups)
         if application.prepare_data is not None and dist.is_root:
             application.prepare_data(cfg)
         dist.barrier()

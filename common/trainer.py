@@ -30,6 +30,7 @@ from common.config import AppConfig, save_config
 from common.data import Datasets, data_error_from_pipeline
 from common.distributed import Distributed
 from common.errors import NonFiniteLoss, Preempted, UserInputError
+from common.hybrid import GroupExchange
 from common.flops import FLOP_CONVENTION, TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
 from common.mlperf import MlperfCallback, MlperfLog
 from common.optimizers import build_optimizer, peak_learning_rate
@@ -98,12 +99,15 @@ class TrainingModel(keras.Model):
         gradients = tape.gradient(scaled_loss, variables)
         gradients = self._dist.allreduce_gradients(gradients, compression=self._gradient_compression)
         self.optimizer.apply(gradients, variables)
-        # The rank-averaged loss and "has any rank been asked to stop?" ride one small allreduce.
+        # The rank-averaged loss, "has any rank been asked to stop?" and "is the group leader's
+        # cross-group exchange done?" ride one small allreduce (over the group in hybrid mode).
         signals = self.step_signals
-        shared = self._dist.allreduce(tf.stack([tf.cast(loss, tf.float32), signals.stop_requested]),
-                                      average=True, name="step_signals")
+        shared = self._dist.allreduce(
+            tf.stack([tf.cast(loss, tf.float32), signals.stop_requested, signals.exchange_ready]),
+            average=True, name="step_signals", group_only=True)
         signals.global_loss.assign(shared[0])
         signals.global_stop.assign(shared[1])
+        signals.group_exchange_ready.assign(shared[2])
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
@@ -231,8 +235,10 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     watchdog = Watchdog(cfg.train.hang_timeout_s, dist.rank) if cfg.train.hang_timeout_s > 0 else None
     throughput = Throughput(global_batch_size, forward_flops, peak_flops_total, cfg.train.throughput_warmup_steps)
     saver = SaveCheckpoint(checkpoint_dir, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog)
-    callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog(), AverageNonTrainableOverRanks(dist),
-                                                 AverageMetricsOverRanks(dist), saver]
+    callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog()]
+    if dist.groups > 1:
+        callbacks.append(GroupExchange(dist, model.step_signals, cfg.distributed.exchange_every))
+    callbacks += [AverageNonTrainableOverRanks(dist), AverageMetricsOverRanks(dist), saver]
     csv_logger = mlperf_callback = None
     if dist.is_root:
         csv_logger = keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=resume)
