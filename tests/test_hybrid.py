@@ -33,3 +33,25 @@ def test_groups_synchronous_inside_asynchronous_across(tmp_path):
     for r in ranks[1:]:
         np.testing.assert_allclose(r["final"], ranks[0]["final"], rtol=1e-6)
     assert np.linalg.norm(ranks[0]["final"] - ranks[0]["middle"]) < 0.25 * offset
+
+
+def test_trainer_in_hybrid_mode(tiny_cosmo_data, tmp_path):
+    import json
+
+    from conftest import tiny_cosmo_overrides
+    run_dir = tmp_path / "run"
+    result = run_python(["-m", "cosmoflow.train", "--config", str(REPO / "configs/cosmoflow/demo.yaml"),
+                         *tiny_cosmo_overrides(tiny_cosmo_data, epochs=2, batch_size=2),
+                         "--set", "distributed.groups=2", "--set", "distributed.exchange_every=2",
+                         "--output-dir", str(run_dir)], ranks=4, timeout=300)
+    assert "4 rank(s) [horovod]" in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ranks"] == 4 and summary["epochs_completed"] == 2
+
+
+def test_groups_must_divide_the_ranks(tiny_cosmo_data, tmp_path):
+    from conftest import tiny_cosmo_overrides
+    result = run_python(["-m", "cosmoflow.train", "--config", str(REPO / "configs/cosmoflow/demo.yaml"),
+                         *tiny_cosmo_overrides(tiny_cosmo_data), "--set", "distributed.groups=3",
+                         "--output-dir", str(tmp_path / "run")], ranks=2, check=False)
+    assert result.returncode != 0 and "distributed.groups=3 does not divide the 2 ranks" in result.stderr
