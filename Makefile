@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-complete
 
-.PHONY: setup demo demo-hep test clean-runs setup-cluster
+.PHONY: setup demo demo-hep test bench clean-runs setup-cluster
 
 setup: $(STAMP)
 
@@ -47,6 +47,26 @@ demo-hep: setup
 
 test: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+
+# Benchmarks (numbers, not pass/fail): each app's demo and full-size config, and
+# 1 process x 2 threads vs 2 Horovod ranks x 1 thread.  JSON in runs/bench/.
+BENCH = $(PY) -m common.bench
+HVD2  = PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np 2 -H localhost:2 --gloo
+bench: setup
+	@mkdir -p runs/bench
+	$(BENCH) --config configs/cosmoflow/demo.yaml --steps 30 --json runs/bench/cosmoflow-demo.json
+	$(HVD2) $(BENCH) --config configs/cosmoflow/demo.yaml --steps 30 --json runs/bench/cosmoflow-demo-2ranks.json
+	$(BENCH) --compare runs/bench/cosmoflow-demo.json runs/bench/cosmoflow-demo-2ranks.json
+	$(BENCH) --config configs/cosmoflow/mlperf.yaml --batch-size 1 --precision mixed_bfloat16 --steps 8 \
+	    --set data.data_dir=data/cosmoflow-128 --set data.compression=none --set data.mock.generate_if_missing=true \
+	    --set data.mock.n_train=12 --set data.mock.n_valid=4 --set data.mock.box_size_mpc_h=512 \
+	    --json runs/bench/cosmoflow-128-bf16.json
+	$(BENCH) --config configs/cosmoflow/mlperf.yaml --batch-size 1 --precision fp32 --steps 8 \
+	    --set data.data_dir=data/cosmoflow-128 --set data.compression=none --json runs/bench/cosmoflow-128-fp32.json
+	$(BENCH) --config configs/hep_cnn/demo.yaml --steps 30 --json runs/bench/hep-demo.json
+	$(PY) -m hep_cnn.synth --out data/hep-224 --image-size 224 --layout benchmark --n-train 256 --n-validation 64 --n-test 64
+	$(BENCH) --config configs/hep_cnn/benchmark_224.yaml --batch-size 8 --steps 6 --set data.data_dir=data/hep-224 \
+	    --set data.chunk_size=32 --set data.shuffle_buffer=64 --json runs/bench/hep-224.json
 
 # Clusters: site TensorFlow module + system MPI (+ NCCL); see README.
 setup-cluster:

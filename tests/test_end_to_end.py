@@ -140,3 +140,21 @@ def test_float16_without_gpu_is_a_config_error(tiny_cosmo_data, tmp_path):
     # Loss scaling itself is exercised on two ranks in test_horovod.py (a model with CPU float16 kernels).
     result = train(tiny_cosmo_data, tmp_path / "run", "--set", "train.precision=mixed_float16", check=False)
     assert result.returncode == 2 and "use mixed_bfloat16 on CPUs" in result.stderr
+
+
+def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
+    out = tmp_path / "bench.json"
+    overrides = tiny_cosmo_overrides(tiny_cosmo_data)
+    result = run_python(["-m", "common.bench", "--config", DEMO, *overrides, "--steps", "4", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert report["peak_flops"] > 1e9 and report["precision"] == "fp32"
+    for section in ("compute", "input", "end_to_end"):
+        assert report[section]["samples_per_second"] > 0, section
+    compute = report["compute"]
+    assert compute["flops_per_second"] == pytest.approx(compute["samples_per_second"] * 3
+                                                        * report["forward_flops_per_sample"])
+    assert compute["ratio_to_peak"] == pytest.approx(compute["flops_per_second"] / report["peak_flops"])
+    for section in ("input", "end_to_end"):
+        assert report[section]["ratio_to_compute"] == pytest.approx(
+            report[section]["samples_per_second"] / compute["samples_per_second"])
+    assert "end to end" in result.stdout

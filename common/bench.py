@@ -1,0 +1,174 @@
+"""Benchmark harness: where the time of a training step goes, measured in one process.
+
+    python -m common.bench --config configs/cosmoflow/demo.yaml [--set k=v] [--batch-size N]
+                           [--steps N] [--precision P] [--json FILE] [--app NAME]
+    horovodrun -np 2 ... python -m common.bench --config ...     # global rates over the ranks
+
+Four measurements, each after warm-up steps:
+
+1. peak: square matmul rate in fp32 and, where the device has bf16 units, in
+   bf16 (the ceilings);
+2. compute: training steps on one batch held in memory (no I/O): samples/s,
+   achieved FLOP/s (forward FLOPs x 3) and the ratio to the peak of the
+   precision used;
+3. input: the application's tf.data pipeline alone, reading the configured
+   files: samples/s and its ratio to the compute rate;
+4. end to end: training steps fed by that pipeline: samples/s and ratio to compute.
+
+With several ranks, samples/s and FLOP/s are global (summed over ranks) and
+peaks are summed likewise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from common.check_data import find_application
+from common.cli import exit_on_user_error, exit_process
+from common.config import load_config
+
+
+def device_has_bf16() -> bool:
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return True
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = handle.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> float:
+    """Global samples/s of ``steps`` training steps after ``warmup`` (the trainer's own timer)."""
+    from common.callbacks import Throughput
+
+    timer = Throughput(global_batch, 0.0, None, warmup_steps=warmup)
+    history = model.fit(dataset, epochs=1, steps_per_epoch=warmup + steps, callbacks=[timer], verbose=0,
+                        shuffle=False)
+    return float(history.history["samples_per_second"][-1])
+
+
+def run(application, cfg, dist, steps: int, warmup: int = 3) -> dict:
+    import tensorflow as tf
+
+    from common import precision
+    from common.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
+    from common.optimizers import build_optimizer
+    from common.trainer import TrainingModel
+
+    total = lambda value: float(dist.sum_array([value])[0])  # noqa: E731
+    peak_fp32 = total(measure_matmul_flops("float32"))
+    peak_bf16 = total(measure_matmul_flops("bfloat16")) if device_has_bf16() else None
+    peak_used = {"fp32": peak_fp32, "mixed_bfloat16": peak_bf16}.get(cfg.train.precision)
+    if cfg.train.precision == "mixed_float16":
+        peak_used = total(measure_matmul_flops("float16"))
+
+    precision.check_device_support(cfg.train.precision)
+    precision.set_precision(cfg.train.precision)
+    if application.prepare_data is not None and dist.is_root:
+        application.prepare_data(cfg)
+    dist.barrier()
+    datasets = application.build_datasets(cfg, dist)
+    network = application.build_model(cfg)
+    flops = forward_flops_per_sample(network)
+    model = TrainingModel(network, dist, gradient_compression=cfg.distributed.gradient_compression)
+    optimizer = build_optimizer(cfg.optimizer, cfg.optimizer.learning_rate,
+                                loss_scaling=precision.needs_loss_scaling(cfg.train.precision))
+    model.compile(optimizer=optimizer, loss=application.loss(cfg), metrics=application.metrics(cfg),
+                  jit_compile=False)
+    optimizer.build(model.trainable_variables)
+    dist.broadcast_variables(model.weights + optimizer.variables)
+    global_batch = cfg.data.batch_size * dist.size
+    epochs = 1 + (warmup + steps) // datasets.steps_per_epoch
+
+    batch = next(iter(datasets.train_epoch(0)))
+    compute = _timed_fit(model, tf.data.Dataset.from_tensors(batch).repeat(), steps, warmup, global_batch)
+
+    iterator = iter(datasets.train_stream(0, epochs + 1))
+    for _ in range(warmup):
+        next(iterator)
+    start = time.perf_counter()
+    for _ in range(steps):
+        next(iterator)
+    input_rate = total(steps * cfg.data.batch_size / (time.perf_counter() - start))
+
+    end_to_end = _timed_fit(model, datasets.train_stream(0, epochs + 1), steps, warmup, global_batch)
+    compute_flops = compute * TRAINING_FLOPS_FACTOR * flops
+    return {
+        "app": application.name,
+        "ranks": dist.size,
+        "batch_size": cfg.data.batch_size,
+        "global_batch_size": global_batch,
+        "precision": cfg.train.precision,
+        "forward_flops_per_sample": flops,
+        "peak_flops": peak_fp32,
+        "peak_flops_bf16": peak_bf16,
+        "compute": {"samples_per_second": compute, "flops_per_second": compute_flops,
+                    "ratio_to_peak": compute_flops / peak_used if peak_used else None},
+        "input": {"samples_per_second": input_rate, "ratio_to_compute": input_rate / compute},
+        "end_to_end": {"samples_per_second": end_to_end, "ratio_to_compute": end_to_end / compute},
+    }
+
+
+def table(result: dict) -> str:
+    gf = lambda x: f"{x / 1e9:.1f}" if x else "-"  # noqa: E731
+    c, i, e = result["compute"], result["input"], result["end_to_end"]
+    ratio = f"{c['ratio_to_peak']:.2f}" if c["ratio_to_peak"] else "-"
+    return "\n".join([
+        f"{result['app']}: {result['ranks']} rank(s), batch {result['batch_size']}/rank, {result['precision']}, "
+        f"{result['forward_flops_per_sample'] / 1e9:.3f} GFLOP forward/sample (training = 3x)",
+        f"  peak matmul      fp32 {gf(result['peak_flops'])} GFLOP/s, bf16 {gf(result['peak_flops_bf16'])} GFLOP/s",
+        f"  compute          {c['samples_per_second']:9.2f} samples/s  {gf(c['flops_per_second'])} GFLOP/s  "
+        f"ratio to peak {ratio}",
+        f"  input pipeline   {i['samples_per_second']:9.2f} samples/s  ratio to compute {i['ratio_to_compute']:.2f}",
+        f"  end to end       {e['samples_per_second']:9.2f} samples/s  ratio to compute {e['ratio_to_compute']:.2f}",
+    ])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m common.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="the app config to benchmark")
+    parser.add_argument("--compare", nargs=2, metavar=("ONE.json", "OTHER.json"),
+                        help="print the end-to-end rate of OTHER relative to ONE (e.g. 2 ranks vs 1 process)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--app")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--precision", choices=["fp32", "mixed_float16", "mixed_bfloat16"])
+    parser.add_argument("--json", help="write the result here")
+    args = parser.parse_args(argv)
+    if args.compare:
+        one, other = (json.load(open(path)) for path in args.compare)
+        ratio = other["end_to_end"]["samples_per_second"] / one["end_to_end"]["samples_per_second"]
+        print(f"{args.compare[1]} ({other['ranks']} rank(s)) vs {args.compare[0]} ({one['ranks']} rank(s)): "
+              f"end-to-end {ratio:.2f}x")
+        return 0
+    if not args.config:
+        parser.error("--config is required")
+    with exit_on_user_error():
+        from common import distributed
+
+        application = find_application(args.config, args.app)
+        overrides = list(args.set)
+        if args.batch_size:
+            overrides.append(f"data.batch_size={args.batch_size}")
+        if args.precision:
+            overrides.append(f"train.precision={args.precision}")
+        cfg = load_config(application.config_schema, args.config, overrides)
+        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
+        result = run(application, cfg, dist, args.steps)
+    if dist.is_root:
+        print(table(result), flush=True)
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(result, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())
