@@ -128,6 +128,7 @@ class StepGuard(keras.callbacks.Callback):
         self.nonfinite_in_a_row = 0
         self._epoch = 0
         self._first_epoch = None
+        self._pending = False   # a stop requested on an epoch's last step, honoured after its checkpoint
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -169,7 +170,7 @@ class StepGuard(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.watchdog is not None:
             self.watchdog.beat()
-        if getattr(self, "_pending", False):
+        if self._pending:
             # Runs after the epoch-end checkpoint (callbacks are ordered so).
             raise Preempted(f"stop requested ({self.stop_request.signal_name or 'signal on another rank'}); "
                             f"checkpoint saved at the end of epoch {epoch + 1}")

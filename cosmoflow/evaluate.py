@@ -21,7 +21,6 @@ import pathlib
 import numpy as np
 
 from common.cli import exit_process, exit_on_user_error
-from common.errors import UserInputError
 
 
 def mean_absolute_errors(predictions: np.ndarray, targets: np.ndarray, names) -> dict[str, float]:
@@ -51,24 +50,14 @@ def plot_predictions(predictions, targets, names, out_png) -> None:
 
 
 def evaluate(run_dir, split: str = "validation", data_dir: str | None = None) -> dict:
-    import keras
-
-    import common.optimizers  # noqa: F401  (registers the project's custom objects)
-    import common.schedules  # noqa: F401
-    from common.config import load_config
     from common.plots import plot_training_curves
+    from common.runs import load_run
     from cosmoflow.config import CosmoflowConfig
     from cosmoflow.data import evaluation_dataset, read_targets
 
     run_dir = pathlib.Path(run_dir)
-    for required in ("config.yaml", "model.keras"):
-        if not (run_dir / required).is_file():
-            raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
-    overrides = [f"data.data_dir={data_dir}"] if data_dir else []
-    cfg = load_config(CosmoflowConfig, run_dir / "config.yaml", overrides)
+    cfg, model = load_run(run_dir, CosmoflowConfig, data_dir)
     names = list(cfg.data.target_names)
-
-    model = keras.models.load_model(run_dir / "model.keras")
     dataset, count = evaluation_dataset(cfg, split)
     predictions, targets = [], []
     for x, y in dataset:

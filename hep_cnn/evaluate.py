@@ -18,7 +18,6 @@ import pathlib
 import numpy as np
 
 from common.cli import exit_process, exit_on_user_error
-from common.errors import UserInputError
 
 
 def plot_roc(fpr, tpr, metrics, out_png) -> None:
@@ -47,22 +46,15 @@ def plot_roc(fpr, tpr, metrics, out_png) -> None:
 
 
 def evaluate(run_dir, split: str = "test", data_dir: str | None = None) -> dict:
-    import keras
-
-    import common.optimizers  # noqa: F401  (registers the project's custom objects)
-    from common.config import load_config
     from common.plots import plot_training_curves
+    from common.runs import load_run
     from hep_cnn.config import HepConfig
     from hep_cnn.data import evaluation_events
     from hep_cnn.metrics import physics_metrics, weighted_roc
     from hep_cnn.model import signal_scores
 
     run_dir = pathlib.Path(run_dir)
-    for required in ("config.yaml", "model.keras"):
-        if not (run_dir / required).is_file():
-            raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
-    cfg = load_config(HepConfig, run_dir / "config.yaml", [f"data.data_dir={data_dir}"] if data_dir else [])
-    model = keras.models.load_model(run_dir / "model.keras")
+    cfg, model = load_run(run_dir, HepConfig, data_dir)
     scores, labels, weights, pass_sr = [], [], [], []
     for images, y, w, p in evaluation_events(cfg, split):
         scores.append(signal_scores(model(images, training=False)))
