@@ -250,11 +250,6 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
     return dist
 
 
-def current() -> Distributed:
-    """The backend started by :func:`init` (a single-process one if none was)."""
-    return _CURRENT if _CURRENT is not None else Distributed(None)
-
-
 def _configure_threads(intra_op_threads: int, inter_op_threads: int, local_size: int) -> None:
     if intra_op_threads == 0:
         intra_op_threads = max(1, (os.cpu_count() or 1) // max(1, local_size))

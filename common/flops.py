@@ -81,16 +81,6 @@ def forward_flops_per_sample(model) -> int:
     return 2 * sum(layer_multiply_adds(layer, i, o) for layer, i, o in _iter_calls(model))
 
 
-def flops_by_layer(model) -> list[tuple[str, str, int]]:
-    """(layer name, class, forward FLOPs per sample) for each counted layer call."""
-    rows = []
-    for layer, i, o in _iter_calls(model):
-        macs = layer_multiply_adds(layer, i, o)
-        if macs:
-            rows.append((layer.name, type(layer).__name__, 2 * macs))
-    return rows
-
-
 def measure_matmul_flops(dtype: str = "float32", size: int = 2048, seconds: float = 2.0) -> float:
     """Achieved FLOP/s of a square matmul on this process's device (2 n^3 per product)."""
     import tensorflow as tf

@@ -69,14 +69,13 @@ class MlperfCallback(keras.callbacks.Callback):
     """
 
     def __init__(self, log: MlperfLog, metric_key: str, logs_key: str, target: float,
-                 higher_is_better: bool = False, stop_at_target: bool = False):
+                 higher_is_better: bool = False):
         super().__init__()
         self.log = log
         self.metric_key = metric_key
         self.logs_key = logs_key
         self.target = target
         self.higher_is_better = higher_is_better
-        self.stop_at_target = stop_at_target
         self.reached = False
         self._started = False
         self._finished = False
@@ -101,8 +100,6 @@ class MlperfCallback(keras.callbacks.Callback):
             self.log.end(constants.EVAL_STOP, metadata={"epoch_num": epoch + 1})
             hit = value >= self.target if self.higher_is_better else value <= self.target
             self.reached = self.reached or hit
-            if hit and self.stop_at_target:
-                self.model.stop_training = True
 
     def finish(self, aborted: bool = False):
         """``run_stop``, once, when the trainer is done (not at the end of each fit)."""
