@@ -12,6 +12,7 @@ import numpy as np
 from common import checkpoint
 from common.distributed import SEED_STATE_MARKER, Distributed
 from common.flops import TRAINING_FLOPS_FACTOR
+from common.metrics import ConfusionMatrix, iou_from_confusion
 
 
 class AverageMetricsOverRanks(keras.callbacks.Callback):
@@ -30,6 +31,60 @@ class AverageMetricsOverRanks(keras.callbacks.Callback):
             return
         numeric = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating, np.integer))}
         logs.update(self.dist.average_scalars(numeric))
+
+
+def confusion_metrics(model) -> list[ConfusionMatrix]:
+    """The :class:`ConfusionMatrix` metrics compiled into ``model`` (found through Keras' containers)."""
+    found, pending = [], list(model.metrics)
+    while pending:
+        metric = pending.pop(0)
+        if isinstance(metric, ConfusionMatrix):
+            found.append(metric)
+        pending.extend(getattr(metric, "metrics", []) or [])
+    return found
+
+
+class PoolConfusionOverRanks(keras.callbacks.Callback):
+    """IoU from confusion matrices summed over all ranks (training and validation).
+
+    The training matrix is read after the epoch's last step, the validation
+    matrix at the end of the epoch (validation has just filled it).  Writes
+    ``<metric>`` (mean IoU), ``iou_<class>`` and ``pixel_accuracy``, with
+    ``val_`` in front for validation, into the epoch logs; all ranks then hold
+    the same numbers, so the rank averaging that follows changes nothing.
+    Must come before :class:`AverageMetricsOverRanks`.
+    """
+
+    def __init__(self, dist: Distributed):
+        super().__init__()
+        self.dist = dist
+        self._train: dict[str, dict] = {}
+
+    def _pooled(self, metric: ConfusionMatrix) -> dict:
+        return iou_from_confusion(self.dist.sum_array(np.asarray(metric.confusion, np.float64)))
+
+    @staticmethod
+    def _write(logs: dict, prefix: str, metric: ConfusionMatrix, pooled: dict) -> None:
+        logs[f"{prefix}{metric.name}"] = pooled["mean_iou"]
+        logs[f"{prefix}pixel_accuracy"] = pooled["pixel_accuracy"]
+        for name, value in zip(metric.class_names, pooled["iou"]):
+            logs[f"{prefix}iou_{name}"] = float(value)
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps = (self.params or {}).get("steps")
+        if steps is not None and batch == steps - 1:
+            self._train = {m.name: self._pooled(m) for m in confusion_metrics(self.model)}
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        metrics = confusion_metrics(self.model)
+        for metric in metrics:
+            if metric.name in self._train:
+                self._write(logs, "", metric, self._train[metric.name])
+        if "val_loss" in logs:
+            for metric in metrics:
+                self._write(logs, "val_", metric, self._pooled(metric))
 
 
 class AverageNonTrainableOverRanks(keras.callbacks.Callback):

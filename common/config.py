@@ -55,6 +55,8 @@ class TrainSection(Section):
         120.0, description="exit when no step or validation batch completes for this long (0: never)")
     max_nonfinite_steps: PositiveInt = Field(
         10, description="with loss scaling: stop after this many NaN/Inf losses in a row")
+    gradient_lag: Literal[0, 1] = Field(
+        0, description="1: apply step t's allreduced gradients at step t+1, so the allreduce overlaps the update")
 
 
 class ScheduleSection(Section):

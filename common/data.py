@@ -104,6 +104,31 @@ def screen_files(files: list[str], inspect: Callable[[str], int], dist: Distribu
     return good, {f: merged[f][0] for f in good}, problems
 
 
+def check_split_files(data_dir, splits: tuple[str, ...], patterns: tuple[str, ...], what: str,
+                      check_file: Callable[[str], None]) -> tuple[int, list[str]]:
+    """Run ``check_file`` (raises :class:`DataError`) on every file of ``data_dir/<split>``.
+
+    Returns (files checked, every problem found): a data checker reports all
+    the bad files at once instead of stopping at the first.
+    """
+    problems: list[str] = []
+    checked = 0
+    for split in splits:
+        directory = pathlib.Path(data_dir) / split
+        try:
+            files = list_files(directory, patterns, f"{what} {split}")
+        except DataError as exc:
+            problems.append(str(exc))
+            continue
+        for path in files:
+            checked += 1
+            try:
+                check_file(path)
+            except DataError as exc:
+                problems.append(str(exc))
+    return checked, problems
+
+
 def data_error_from_pipeline(exc: Exception) -> DataError | None:
     """The :class:`DataError` a reader raised inside tf.data (numpy_function), if that is what ``exc`` carries."""
     match = re.search(r"DataError: ([^\n]+)", str(exc))

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from common import checkpoint, precision
 from common.callbacks import (AverageMetricsOverRanks, AverageNonTrainableOverRanks, EpochReport, LearningRateLog,
-                              SaveCheckpoint, Throughput, rng_variables, state_variables)
+                              PoolConfusionOverRanks, SaveCheckpoint, Throughput, rng_variables, state_variables)
 from common.config import AppConfig, save_config
 from common.data import Datasets, data_error_from_pipeline
 from common.distributed import Distributed
@@ -77,12 +77,21 @@ class TrainingModel(keras.Model):
     same gradients, and takes the same decision, on every rank).
     """
 
-    def __init__(self, network: keras.Model, dist: Distributed, gradient_compression: str = "none", **kwargs):
+    def __init__(self, network: keras.Model, dist: Distributed, gradient_compression: str = "none",
+                 gradient_lag: int = 0, **kwargs):
         super().__init__(name=kwargs.pop("name", f"train_{network.name}"), **kwargs)
         self.network = network
         self._dist = dist
         self._gradient_compression = gradient_compression
         self.step_signals = StepSignals()
+        self._lagged_gradients = []
+        if gradient_lag:
+            # Model state (checkpointed, broadcast): resuming mid-run applies the pending gradients.
+            self._lagged_gradients = [
+                self.add_weight(shape=v.shape, dtype=v.dtype, initializer="zeros", trainable=False,
+                                name=f"lagged_gradient_{i}") for i, v in enumerate(network.trainable_variables)]
+            self._lag_filled = self.add_weight(shape=(), dtype="float32", initializer="zeros", trainable=False,
+                                               name="lagged_gradient_filled")
         self.built = True
 
     def call(self, inputs, training=None):
@@ -97,8 +106,17 @@ class TrainingModel(keras.Model):
             scaled_loss = self.optimizer.scale_loss(loss)
         variables = self.trainable_variables
         gradients = tape.gradient(scaled_loss, variables)
+        if self._lagged_gradients:
+            # Gradient lag (SC18): update with the previous step's allreduced gradients; this step's
+            # allreduce has no consumer until the next step, so it runs alongside the update.
+            self._apply_lagged(variables)
         gradients = self._dist.allreduce_gradients(gradients, compression=self._gradient_compression)
-        self.optimizer.apply(gradients, variables)
+        if self._lagged_gradients:
+            for buffer, gradient in zip(self._lagged_gradients, gradients):
+                buffer.assign(gradient)
+            self._lag_filled.assign(1.0)
+        else:
+            self.optimizer.apply(gradients, variables)
         # The rank-averaged loss, "has any rank been asked to stop?" and "is the group leader's
         # cross-group exchange done?" ride one small allreduce (over the group in hybrid mode).
         signals = self.step_signals
@@ -109,6 +127,17 @@ class TrainingModel(keras.Model):
         signals.global_stop.assign(shared[1])
         signals.group_exchange_ready.assign(shared[2])
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+    def _apply_lagged(self, variables):
+        previous = [buffer.value for buffer in self._lagged_gradients]
+
+        def apply():
+            self.optimizer.apply(previous, variables)
+            return tf.constant(True)
+
+        # The first step has nothing to apply yet.
+        tf.cond(self._lag_filled > 0, apply, lambda: tf.constant(False))
 
 
 def configure_determinism(cfg: AppConfig, dist: Distributed) -> None:
@@ -203,7 +232,8 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     schedule = build_schedule(opt.schedule, opt.learning_rate, peak_lr, datasets.steps_per_epoch, cfg.train.epochs)
     optimizer = build_optimizer(opt, schedule, loss_scaling=precision.needs_loss_scaling(cfg.train.precision))
 
-    model = TrainingModel(network, dist, gradient_compression=cfg.distributed.gradient_compression)
+    model = TrainingModel(network, dist, gradient_compression=cfg.distributed.gradient_compression,
+                          gradient_lag=cfg.train.gradient_lag)
     model.compile(optimizer=optimizer, loss=app.loss(cfg), metrics=app.metrics(cfg),
                   steps_per_execution=cfg.train.steps_per_execution, jit_compile=False)
     optimizer.build(model.trainable_variables)
@@ -238,7 +268,8 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog()]
     if dist.groups > 1:
         callbacks.append(GroupExchange(dist, model.step_signals, cfg.distributed.exchange_every))
-    callbacks += [AverageNonTrainableOverRanks(dist), AverageMetricsOverRanks(dist), saver]
+    callbacks += [AverageNonTrainableOverRanks(dist), PoolConfusionOverRanks(dist), AverageMetricsOverRanks(dist),
+                  saver]
     csv_logger = mlperf_callback = None
     if dist.is_root:
         csv_logger = keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=resume)

@@ -21,8 +21,8 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.data import (Datasets, epoch_seed, list_files, screen_files, select_count, shards_files, shuffled_shards,
-                         stage_files, steps_for)
+from common.data import (Datasets, check_split_files, epoch_seed, list_files, screen_files, select_count,
+                         shards_files, shuffled_shards, stage_files, steps_for)
 from common.distributed import Distributed
 from common.errors import DataError
 from common.tfrecord import scan_tfrecord
@@ -292,29 +292,19 @@ def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
 def check_data(cfg: CosmoflowConfig) -> tuple[int, list[str]]:
     """Read every file of both splits completely; (files checked, every problem found)."""
     data = cfg.data
-    problems: list[str] = []
-    checked = 0
-    for split in ("train", "validation"):
-        directory = pathlib.Path(data.data_dir) / split
-        try:
-            files = list_files(directory, TFRECORD_PATTERNS if data.format == "tfrecord" else HDF5_PATTERNS,
-                               f"CosmoFlow {split} {data.format}")
-        except DataError as exc:
-            problems.append(str(exc))
-            continue
-        for path in files:
-            checked += 1
-            try:
-                if data.format == "tfrecord":
-                    _check_tfrecord_fully(path, cfg)
-                else:
-                    for crop in range(hdf5_crops(path, data.sample_shape)):
-                        x, _ = read_hdf5_crop(path, crop, data.sample_shape)
-                        if x.min() < 0:
-                            raise DataError(f"{path}: negative particle counts in crop {crop}")
-            except DataError as exc:
-                problems.append(str(exc))
-    return checked, problems
+
+    def check_file(path):
+        if data.format == "tfrecord":
+            _check_tfrecord_fully(path, cfg)
+            return
+        for crop in range(hdf5_crops(path, data.sample_shape)):
+            x, _ = read_hdf5_crop(path, crop, data.sample_shape)
+            if x.min() < 0:
+                raise DataError(f"{path}: negative particle counts in crop {crop}")
+
+    return check_split_files(data.data_dir, ("train", "validation"),
+                             TFRECORD_PATTERNS if data.format == "tfrecord" else HDF5_PATTERNS,
+                             f"CosmoFlow {data.format}", check_file)
 
 
 def _check_tfrecord_fully(path: str, cfg: CosmoflowConfig) -> None:
