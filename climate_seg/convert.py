@@ -1,0 +1,192 @@
+"""CAM5 netCDF output -> one training HDF5 sample per time step.
+
+    python -m climate_seg.convert --input F.nc [F2.nc ...] --out DIR
+                                  [--labels L.nc [L2.nc ...]] [--labels-var LABELS]
+
+Each input file holds the 16 CAM5 variables (TMQ, U850, ..., ZBOT) on dims
+``(time, lat, lon)``.  Label masks (0 background, 1 tropical cyclone, 2
+atmospheric river) come from the variable ``--labels-var`` of the input file,
+or of one ``--labels`` file per input (netCDF or HDF5, ``(time, lat, lon)`` or
+``(lat, lon)`` for a single step).  Every time step becomes
+``DIR/data-YYYY-MM-DD-HH-<member>.h5`` (the date from the file's CF time axis;
+``<stem>-tNNNN`` without one) holding ``climate/data`` float32 (lat, lon, 16)
+in the channel order of :data:`climate_seg.config.CHANNELS` and
+``climate/labels_0`` int32 (lat, lon), stored contiguously so the training
+pipeline can read them without HDF5 (see :mod:`climate_seg.data`).
+
+A missing variable, a variable on another grid, labels of the wrong shape or
+with values outside {0, 1, 2}, or NaNs are one-line errors naming the file
+and the variable; nothing is written for a file that fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+
+import h5py
+import netCDF4
+import numpy as np
+
+from climate_seg.config import CHANNELS, CLASS_NAMES
+from common.cli import exit_on_user_error
+from common.errors import DataError
+
+DEFAULT_LABELS_VAR = "LABELS"
+
+
+def _open_netcdf(path: str) -> netCDF4.Dataset:
+    try:
+        nc = netCDF4.Dataset(path, "r")
+    except (OSError, RuntimeError) as exc:
+        raise DataError(f"{path}: not a readable netCDF file ({exc})") from None
+    nc.set_auto_mask(False)
+    return nc
+
+
+def _grid_of(nc: netCDF4.Dataset, path: str) -> tuple[int, int, int]:
+    """(time steps, lat, lon) after checking all 16 variables are there on one grid."""
+    missing = [name for name in CHANNELS if name not in nc.variables]
+    if missing:
+        raise DataError(f"{path}: missing variable(s) {', '.join(missing)} (need all 16 CAM5 variables "
+                        f"{', '.join(CHANNELS)})")
+    shape = None
+    for name in CHANNELS:
+        var = nc.variables[name]
+        if var.ndim != 3:
+            raise DataError(f"{path}: variable {name} has dims {var.dimensions}, expected (time, lat, lon)")
+        if shape is None:
+            shape, first = tuple(var.shape), name
+        elif tuple(var.shape) != shape:
+            raise DataError(f"{path}: variable {name} has shape {tuple(var.shape)}, but {first} has {shape} "
+                            "(all variables must share one time x lat x lon grid)")
+    return shape
+
+
+def _step_names(nc: netCDF4.Dataset, path: str, steps: int, member: int) -> list[str]:
+    """``data-YYYY-MM-DD-HH-<member>`` from a CF time axis, else ``<stem>-tNNNN``."""
+    time = nc.variables.get("time")
+    if time is not None and getattr(time, "units", None) and len(time) == steps:
+        try:
+            dates = netCDF4.num2date(time[:], time.units, getattr(time, "calendar", "standard"))
+            return [f"data-{d.year:04d}-{d.month:02d}-{d.day:02d}-{d.hour:02d}-{member}" for d in dates]
+        except (ValueError, TypeError):
+            pass
+    stem = pathlib.Path(path).stem
+    return [f"{stem}-t{i:04d}" for i in range(steps)]
+
+
+def read_labels(path: str, variable: str, shape: tuple[int, int, int], data_path: str) -> np.ndarray:
+    """Label masks (time, lat, lon) int32 from a netCDF or HDF5 file, checked against ``shape``."""
+    if h5py.is_hdf5(path) and not _is_netcdf4(path):
+        with h5py.File(path, "r") as f:
+            if variable not in f:
+                raise DataError(f"{path}: no label variable {variable!r} (--labels-var)")
+            labels = np.asarray(f[variable][()])
+    else:
+        with _open_netcdf(path) as nc:
+            if variable not in nc.variables:
+                raise DataError(f"{path}: no label variable {variable!r} (--labels-var)")
+            labels = np.asarray(nc.variables[variable][:])
+    if labels.ndim == 2:
+        labels = labels[None]
+    if labels.shape != shape:
+        raise DataError(f"{path}: label variable {variable} has shape {labels.shape}, but {data_path} holds "
+                        f"fields of shape {shape} (time, lat, lon)")
+    if not np.all(np.isin(labels, np.arange(len(CLASS_NAMES)))):
+        bad = sorted(set(np.unique(labels).tolist()) - set(range(len(CLASS_NAMES))))[:5]
+        raise DataError(f"{path}: label variable {variable} holds values {bad} outside 0-{len(CLASS_NAMES) - 1} "
+                        f"({', '.join(CLASS_NAMES)})")
+    return labels.astype(np.int32)
+
+
+def _is_netcdf4(path: str) -> bool:
+    """netCDF-4 files are HDF5 files too; they carry netCDF's dimension scales."""
+    try:
+        with h5py.File(path, "r") as f:
+            return any("_Netcdf4Dimid" in f[k].attrs or "_Netcdf4Coordinates" in f[k].attrs
+                       for k in f if isinstance(f[k], h5py.Dataset))
+    except OSError:
+        return False
+
+
+def write_sample(path: pathlib.Path, data: np.ndarray, labels: np.ndarray) -> None:
+    """One training sample, contiguous datasets, written atomically."""
+    temporary = path.with_name(path.name + ".partial")
+    with h5py.File(temporary, "w") as f:
+        f.create_dataset("climate/data", data=data.astype(np.float32))
+        f.create_dataset("climate/labels_0", data=labels.astype(np.int32))
+        f["climate"].attrs["channels"] = ",".join(CHANNELS)
+    os.replace(temporary, path)
+
+
+def convert_file(path: str, out_dir: pathlib.Path, labels_path: str | None, labels_var: str,
+                 member: int = 1, grid: tuple[int, int] | None = None) -> list[pathlib.Path]:
+    """Convert one netCDF file; returns the samples written (none if the file fails a check)."""
+    with _open_netcdf(path) as nc:
+        shape = _grid_of(nc, path)
+        if grid is not None and shape[1:] != grid:
+            raise DataError(f"{path}: fields on a {shape[1]} x {shape[2]} grid, but the first input is on "
+                            f"{grid[0]} x {grid[1]}")
+        if labels_path is None and labels_var not in nc.variables:
+            raise DataError(f"{path}: no label variable {labels_var!r}; pass --labels FILE or --labels-var NAME")
+        labels = read_labels(labels_path or path, labels_var, shape, path)
+        names = _step_names(nc, path, shape[0], member)
+        # Check every step before writing any, so a bad file leaves nothing behind.
+        steps = []
+        for t in range(shape[0]):
+            data = np.stack([np.asarray(nc.variables[name][t], np.float32) for name in CHANNELS], axis=-1)
+            bad = [name for i, name in enumerate(CHANNELS) if not np.all(np.isfinite(data[..., i]))]
+            if bad:
+                raise DataError(f"{path}: NaN, Inf or fill values in {', '.join(bad)} at time step {t}")
+            steps.append(data)
+    written = []
+    for name, data, mask in zip(names, steps, labels):
+        target = out_dir / f"{name}.h5"
+        write_sample(target, data, mask)
+        written.append(target)
+    return written
+
+
+def convert(inputs: list[str], out_dir, labels: list[str] | None = None, labels_var: str = DEFAULT_LABELS_VAR,
+            member: int = 1) -> list[pathlib.Path]:
+    """Convert netCDF files (with one labels file per input, or labels inside them) into ``out_dir``."""
+    if labels and len(labels) != len(inputs):
+        raise DataError(f"--labels: {len(labels)} label file(s) for {len(inputs)} input(s); give one per input")
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    grid = None
+    written: list[pathlib.Path] = []
+    seen: dict[str, str] = {}
+    for i, path in enumerate(inputs):
+        with _open_netcdf(path) as nc:
+            shape = _grid_of(nc, path)
+            names = _step_names(nc, path, shape[0], member)
+        for name in names:
+            if name in seen:
+                raise DataError(f"{path}: time step {name} was already converted from {seen[name]} "
+                                "(give each ensemble member its own --member)")
+            seen[name] = path
+        grid = grid or shape[1:]
+        written += convert_file(path, out_dir, labels[i] if labels else None, labels_var, member, grid)
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m climate_seg.convert", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", nargs="+", required=True, help="CAM5 netCDF files")
+    parser.add_argument("--out", required=True, help="output directory for the HDF5 samples")
+    parser.add_argument("--labels", nargs="+", help="label files (netCDF or HDF5), one per input")
+    parser.add_argument("--labels-var", default=DEFAULT_LABELS_VAR, help="name of the label variable")
+    parser.add_argument("--member", type=int, default=1, help="ensemble member number in the file names")
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        written = convert(args.input, args.out, args.labels, args.labels_var, args.member)
+    print(f"wrote {len(written)} sample(s) to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

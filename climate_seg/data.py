@@ -1,0 +1,308 @@
+"""Climate segmentation data: the HDF5 sample files and the tf.data pipeline.
+
+Layout: ``data_dir/{train,validation,test}/*.h5``, one sample per file with
+``climate/data`` float32 (H, W, 16) and ``climate/labels_0`` (H, W) in
+{0, 1, 2}; ``data_dir/stats.h5`` from ``python -m climate_seg.stats``.
+
+Reading without the GIL: at start-up every file is screened once (each rank a
+share) and the byte offsets of its two datasets are recorded.  When every file
+stores them contiguously and uncompressed (what ``climate_seg.convert``
+writes, and HDF5's default), samples are read with ``tf.io.read_file`` and
+decoded with ``tf.io.decode_raw``: pure TF ops that run in parallel on the
+tf.data thread pool.  Chunked or compressed files fall back to h5py inside
+``tf.numpy_function`` (correct, but serialised on the GIL); the run says so.
+
+Per sample: normalise per channel (min-max or z-score from stats.h5),
+average-pool the fields and take every n-th label (``data.downsample``),
+random crop and longitude roll when training (centre crop otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import h5py
+import numpy as np
+import tensorflow as tf
+
+from climate_seg.config import CHANNELS, CLASS_NAMES, ClimateConfig
+from climate_seg.stats import load_stats, read_sample
+from common.data import (Datasets, check_split_files, epoch_seed, list_files, screen_files, select_count,
+                         shards_files, stage_files, steps_for)
+from common.distributed import Distributed
+from common.errors import DataError
+
+AUTOTUNE = tf.data.AUTOTUNE
+SPLITS = ("train", "validation", "test")
+N_CHANNELS = len(CHANNELS)
+# dtypes the raw reader decodes (little-endian, as HDF5 writes on every machine we run on).
+RAW_LABEL_DTYPES = {"<i4": tf.int32, "<i8": tf.int64, "|u1": tf.uint8, "|i1": tf.int8, "<i2": tf.int16,
+                    "<u2": tf.uint16, "<f4": tf.float32, "<f8": tf.float64}
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleFile:
+    """Where a sample's arrays sit in its file (offsets None: not readable raw)."""
+
+    path: str
+    data_offset: int | None
+    label_offset: int | None
+    label_dtype: str
+
+
+def inspect_file(path: str, grid: tuple[int, int]) -> SampleFile:
+    """Check one sample file's datasets and shapes; record their byte offsets."""
+    try:
+        with h5py.File(path, "r") as f:
+            if "climate/data" not in f or "climate/labels_0" not in f:
+                raise DataError(f"{path}: expected datasets climate/data and climate/labels_0")
+            data, labels = f["climate/data"], f["climate/labels_0"]
+            if data.shape != (*grid, N_CHANNELS):
+                raise DataError(f"{path}: climate/data has shape {data.shape}, expected {(*grid, N_CHANNELS)} "
+                                f"(data.grid={list(grid)})")
+            if labels.shape != tuple(grid):
+                raise DataError(f"{path}: climate/labels_0 has shape {labels.shape}, expected {tuple(grid)}")
+            raw = data.dtype.str == "<f4" and labels.dtype.str in RAW_LABEL_DTYPES
+            offsets = [d.id.get_offset() if raw and d.chunks is None and d.compression is None else None
+                       for d in (data, labels)]
+            return SampleFile(path, offsets[0], offsets[1], labels.dtype.str)
+    except OSError as exc:
+        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+
+
+def split_files(cfg: ClimateConfig, split: str, dist: Distributed | None = None,
+                problems: list[str] | None = None) -> list[SampleFile]:
+    """The screened sample files of one split, in name order."""
+    data = cfg.data
+    dist = dist or Distributed(None)
+    directory = pathlib.Path(data.data_dir) / split
+    files = list_files(directory, ("*.h5",), f"climate {split} sample")
+    good, layouts, bad = screen_files(files, lambda f: inspect_file(f, data.grid), dist, data.on_bad_file,
+                                      str(directory))
+    if problems is not None:
+        problems.extend(bad)
+    return [layouts[f] for f in good]
+
+
+def raw_readable(files: list[SampleFile]) -> bool:
+    return all(f.data_offset is not None and f.label_offset is not None for f in files) and \
+        len({f.label_dtype for f in files}) == 1
+
+
+def class_weights(cfg: ClimateConfig, stats: dict | None = None) -> np.ndarray:
+    """Per-class loss weights: given in YAML, or from the class frequencies in stats.h5.
+
+    ``inverse_frequency``: (1 / f_c) normalised to sum 1 (the SC18 references);
+    ``power``: f_c ** -p (DeepCAM: p = 0.125); ``none``: ones.
+    """
+    spec = cfg.loss.class_weights
+    if isinstance(spec, list):
+        return np.asarray(spec, np.float64)
+    if spec == "none":
+        return np.ones(len(CLASS_NAMES))
+    stats = stats if stats is not None else load_stats(stats_path(cfg))
+    frequencies = stats["class_frequencies"]
+    if np.any(frequencies <= 0):
+        absent = [n for n, f in zip(CLASS_NAMES, frequencies) if f <= 0]
+        raise DataError(f"{stats_path(cfg)}: class(es) {absent} never occur in the training labels; "
+                        "give loss.class_weights as three numbers")
+    if spec == "inverse_frequency":
+        inverse = 1.0 / frequencies
+        return inverse / inverse.sum()
+    return frequencies ** -cfg.loss.weight_power
+
+
+def stats_path(cfg: ClimateConfig) -> pathlib.Path:
+    return pathlib.Path(cfg.data.data_dir) / cfg.data.stats_file
+
+
+def normalizer(cfg: ClimateConfig, stats: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, scale) per channel: x -> (x - offset) / scale."""
+    if cfg.data.normalization == "zscore":
+        offset, scale = stats["mean"], stats["std"]
+    else:
+        offset, scale = stats["min"], stats["max"] - stats["min"]
+    return offset.astype(np.float32), np.maximum(scale, 1e-12).astype(np.float32)
+
+
+# -- reading ------------------------------------------------------------------------------
+
+def _read_raw(cfg: ClimateConfig, label_dtype: str):
+    h, w = cfg.data.grid
+    data_bytes = h * w * N_CHANNELS * 4
+    label_type = RAW_LABEL_DTYPES[label_dtype]
+    label_bytes = h * w * np.dtype(label_dtype).itemsize
+
+    def read(path, data_offset, label_offset):
+        contents = tf.io.read_file(path)
+        data = tf.io.decode_raw(tf.strings.substr(contents, data_offset, data_bytes), tf.float32)
+        labels = tf.io.decode_raw(tf.strings.substr(contents, label_offset, label_bytes), label_type)
+        return tf.reshape(data, (h, w, N_CHANNELS)), tf.cast(tf.reshape(labels, (h, w)), tf.int32)
+
+    return read
+
+
+def _read_h5py(cfg: ClimateConfig):
+    h, w = cfg.data.grid
+
+    def load(path):
+        data, labels = read_sample(path.decode())
+        return data.astype(np.float32), labels.astype(np.int32)
+
+    def read(path, _data_offset, _label_offset):
+        data, labels = tf.numpy_function(load, [path], [tf.float32, tf.int32], stateful=False)
+        return tf.ensure_shape(data, (h, w, N_CHANNELS)), tf.ensure_shape(labels, (h, w))
+
+    return read
+
+
+def _checked(path, data, labels):
+    """Raise a DataError naming the file for NaN/Inf fields or labels outside 0-2."""
+    def check(p, finite, low, high):
+        if not finite:
+            raise DataError(f"{p.decode()}: climate/data holds NaN or Inf")
+        if low < 0 or high >= len(CLASS_NAMES):
+            raise DataError(f"{p.decode()}: climate/labels_0 holds values outside 0-{len(CLASS_NAMES) - 1}")
+        return np.int32(0)
+
+    ok = tf.numpy_function(check, [path, tf.reduce_all(tf.math.is_finite(data)), tf.reduce_min(labels),
+                                   tf.reduce_max(labels)], tf.int32, stateful=False)
+    with tf.control_dependencies([ok]):
+        return tf.identity(data), tf.identity(labels)
+
+
+# -- per-sample transforms ------------------------------------------------------------------
+
+def downsample(data, labels, factor: int):
+    """Average-pool the fields; sample the labels at the centre of each block (no class mixing)."""
+    if factor == 1:
+        return data, labels
+    data = tf.nn.avg_pool2d(data[None], factor, factor, "VALID")[0]
+    return data, labels[factor // 2::factor, factor // 2::factor]
+
+
+def crop(data, labels, size, seed=None):
+    """A (h, w) window: random with ``seed`` (stateless), centred without."""
+    h, w = size
+    height, width = tf.shape(labels)[0], tf.shape(labels)[1]
+    if seed is None:
+        top, left = (height - h) // 2, (width - w) // 2
+    else:
+        top = tf.random.stateless_uniform([], seed=seed, maxval=height - h + 1, dtype=tf.int32)
+        left = tf.random.stateless_uniform([], seed=seed + 1, maxval=width - w + 1, dtype=tf.int32)
+    return data[top:top + h, left:left + w], labels[top:top + h, left:left + w]
+
+
+def _samples(cfg: ClimateConfig, files: list[SampleFile], stats: dict, dist: Distributed, seed: int,
+             training: bool, staged: bool = False) -> tf.data.Dataset:
+    """This rank's (normalised field, labels) samples (``staged``: ``files`` are already this rank's share)."""
+    data = cfg.data
+    offset, scale = normalizer(cfg, stats)
+    raw = raw_readable(files)
+    read = _read_raw(cfg, files[0].label_dtype) if raw else _read_h5py(cfg)
+    # File names with their offsets, permuted by the epoch seed (the same on every rank), then sharded.
+    columns = (tf.constant([f.path for f in files]), tf.constant([f.data_offset or 0 for f in files], tf.int64),
+               tf.constant([f.label_offset or 0 for f in files], tf.int64))
+    if training:
+        order = tf.random.experimental.stateless_shuffle(tf.range(len(files)), seed=[seed, 0])
+        columns = tuple(tf.gather(column, order) for column in columns)
+    table = tf.data.Dataset.from_tensor_slices(columns)
+    sharded_files = not staged and shards_files(len(files), dist)
+    if sharded_files:
+        table = table.shard(dist.size, dist.rank)
+
+    def load(path, data_offset, label_offset):
+        fields, labels = read(path, data_offset, label_offset)
+        fields, labels = _checked(path, fields, labels)
+        return downsample((fields - offset) / scale, labels, data.downsample)
+
+    samples = table.map(load, num_parallel_calls=data.read_parallelism, deterministic=True)
+    if not staged and not sharded_files:
+        samples = samples.shard(dist.size, dist.rank)
+    if training:
+        seeds = tf.data.Dataset.random(seed=seed + 1).batch(2)
+        samples = tf.data.Dataset.zip((samples, seeds)).map(
+            lambda sample, s: _augment(cfg, *sample, s), num_parallel_calls=AUTOTUNE, deterministic=True)
+    elif data.crop:
+        samples = samples.map(lambda x, y: crop(x, y, data.crop), num_parallel_calls=AUTOTUNE)
+    return samples
+
+
+def _augment(cfg: ClimateConfig, fields, labels, seed):
+    data = cfg.data
+    if data.crop:
+        fields, labels = crop(fields, labels, data.crop, seed)
+    if data.augment:
+        shift = tf.random.stateless_uniform([], seed=seed + 2, maxval=tf.shape(labels)[1], dtype=tf.int32)
+        fields, labels = tf.roll(fields, shift, axis=1), tf.roll(labels, shift, axis=1)
+    return fields, labels
+
+
+def _batches(cfg: ClimateConfig, samples: tf.data.Dataset, training: bool, seed: int) -> tf.data.Dataset:
+    shape = cfg.data.input_shape
+    samples = samples.map(lambda x, y: (tf.ensure_shape(x, shape), tf.ensure_shape(y, shape[:2])))
+    if training and cfg.data.shuffle_buffer:
+        samples = samples.shuffle(cfg.data.shuffle_buffer, seed=seed)
+    return samples.batch(cfg.data.batch_size, drop_remainder=True)
+
+
+def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
+    data = cfg.data
+    seed = cfg.train.seed
+    bad: list[str] = []
+    train_files = split_files(cfg, "train", dist, bad)
+    valid_files = split_files(cfg, "validation", dist, bad)
+    n_train = select_count(len(train_files), data.n_train, "data.n_train", f"{data.data_dir}/train")
+    n_valid = select_count(len(valid_files), data.n_validation, "data.n_validation", f"{data.data_dir}/validation")
+    train_files, valid_files = train_files[:n_train], valid_files[:n_valid]
+    stats = load_stats(stats_path(cfg))
+    if dist.is_root and not raw_readable(train_files + valid_files):
+        print(f"note: {data.data_dir} holds chunked or compressed samples; reading them with h5py "
+              "(serialised on the GIL; climate_seg.convert writes contiguous files)", flush=True)
+    steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
+    valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
+
+    staged = bool(data.stage_dir)
+    if staged:
+        copies = stage_files([f.path for f in train_files], data.stage_dir, dist)
+        train_files = [dataclasses.replace(f, path=c) for f, c in zip(train_files[dist.rank::dist.size], copies)]
+
+    def train_epoch(epoch):
+        seed_e = epoch_seed(seed, epoch)
+        # repeat(): a rank with one file fewer than another (uneven split) reuses one; take() bounds it.
+        return _batches(cfg, _samples(cfg, train_files, stats, dist, seed_e, True, staged).repeat(), True, seed_e)
+
+    validation = _batches(cfg, _samples(cfg, valid_files, stats, dist, seed, False).repeat(), False, seed)
+    return Datasets(train_epoch=train_epoch, validation=validation.take(valid_steps).cache().repeat(),
+                    steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
+                    train_samples=steps * data.batch_size * dist.size,
+                    validation_samples=valid_steps * data.batch_size * dist.size)
+
+
+def evaluation_dataset(cfg: ClimateConfig, split: str = "test") -> tuple[tf.data.Dataset, list[str]]:
+    """Every sample of a split in name order, batched: (fields, labels); and the file names."""
+    files = split_files(cfg, split)
+    stats = load_stats(stats_path(cfg))
+    samples = _samples(cfg, files, stats, Distributed(None), cfg.train.seed, training=False)
+    shape = cfg.data.input_shape
+    samples = samples.map(lambda x, y: (tf.ensure_shape(x, shape), tf.ensure_shape(y, shape[:2])))
+    return samples.batch(cfg.data.batch_size).prefetch(AUTOTUNE), [f.path for f in files]
+
+
+def check_data(cfg: ClimateConfig) -> tuple[int, list[str]]:
+    """Read every sample of every split; (files checked, every problem found)."""
+    def check_file(path):
+        inspect_file(path, cfg.data.grid)
+        fields, labels = read_sample(path)
+        if not np.all(np.isfinite(fields)):
+            raise DataError(f"{path}: climate/data holds NaN or Inf")
+        if labels.min() < 0 or labels.max() >= len(CLASS_NAMES):
+            raise DataError(f"{path}: climate/labels_0 holds values outside 0-{len(CLASS_NAMES) - 1}")
+
+    checked, problems = check_split_files(cfg.data.data_dir, SPLITS, ("*.h5",), "climate sample", check_file)
+    try:
+        load_stats(stats_path(cfg))
+    except DataError as exc:
+        problems.append(str(exc))
+    return checked, problems

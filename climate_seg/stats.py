@@ -1,0 +1,153 @@
+"""Per-channel statistics and class frequencies of a directory of training samples.
+
+    python -m climate_seg.stats DIR [--out DIR/../stats.h5]
+    horovodrun -np N python -m climate_seg.stats DIR      # each rank reads a share
+
+One streaming pass: each file adds its count, mean and sum of squared
+deviations (merged with Chan et al.'s pairwise formula in float64, so no
+second pass and no precision loss over millions of pixels), its minimum and
+maximum per channel, and its label counts.  Ranks merge their partial results
+in file order.  Writes ``stats.h5``: ``mean``, ``std``, ``min``, ``max`` (16
+each, channel order in the ``channels`` attribute), ``count`` (pixels),
+``class_counts`` and ``class_frequencies`` (background, cyclone, river).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+
+import h5py
+import numpy as np
+
+from climate_seg.config import CHANNELS, CLASS_NAMES
+from common.cli import exit_on_user_error, exit_process
+from common.errors import DataError
+
+N_CHANNELS = len(CHANNELS)
+
+
+@dataclasses.dataclass
+class RunningStats:
+    """Mergeable per-channel moments (float64) and label counts."""
+
+    count: int = 0
+    mean: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(N_CHANNELS))
+    m2: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(N_CHANNELS))
+    minimum: np.ndarray = dataclasses.field(default_factory=lambda: np.full(N_CHANNELS, np.inf))
+    maximum: np.ndarray = dataclasses.field(default_factory=lambda: np.full(N_CHANNELS, -np.inf))
+    class_counts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(CLASS_NAMES), np.int64))
+
+    @classmethod
+    def of(cls, data: np.ndarray, labels: np.ndarray) -> "RunningStats":
+        pixels = data.reshape(-1, data.shape[-1]).astype(np.float64)
+        mean = pixels.mean(axis=0)
+        return cls(count=len(pixels), mean=mean, m2=((pixels - mean) ** 2).sum(axis=0),
+                   minimum=pixels.min(axis=0), maximum=pixels.max(axis=0),
+                   class_counts=np.bincount(labels.reshape(-1), minlength=len(CLASS_NAMES)).astype(np.int64))
+
+    def merge(self, other: "RunningStats") -> "RunningStats":
+        if other.count == 0:
+            return self
+        if self.count == 0:
+            return other
+        total = self.count + other.count
+        delta = other.mean - self.mean
+        return RunningStats(count=total, mean=self.mean + delta * other.count / total,
+                            m2=self.m2 + other.m2 + delta ** 2 * self.count * other.count / total,
+                            minimum=np.minimum(self.minimum, other.minimum),
+                            maximum=np.maximum(self.maximum, other.maximum),
+                            class_counts=self.class_counts + other.class_counts)
+
+    @property
+    def std(self) -> np.ndarray:
+        return np.sqrt(self.m2 / max(self.count, 1))
+
+
+def read_sample(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(data H x W x 16, labels H x W) of one training file, with its layout checked."""
+    try:
+        with h5py.File(path, "r") as f:
+            if "climate/data" not in f or "climate/labels_0" not in f:
+                raise DataError(f"{path}: expected datasets climate/data and climate/labels_0")
+            data, labels = f["climate/data"][()], f["climate/labels_0"][()]
+    except OSError as exc:
+        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+    if data.ndim != 3 or data.shape[-1] != N_CHANNELS or labels.shape != data.shape[:2]:
+        raise DataError(f"{path}: climate/data {data.shape} and climate/labels_0 {labels.shape}; expected "
+                        f"(H, W, {N_CHANNELS}) and (H, W)")
+    return data, labels.astype(np.int64)
+
+
+def compute_stats(files: list[str], dist=None) -> RunningStats:
+    """Statistics over ``files``; with ``dist``, each rank reads a share and all get the total."""
+    rank, size = (dist.rank, dist.size) if dist is not None else (0, 1)
+    partial = RunningStats()
+    for path in files[rank::size]:
+        data, labels = read_sample(path)
+        if not np.all(np.isfinite(data)):
+            raise DataError(f"{path}: climate/data holds NaN or Inf")
+        partial = partial.merge(RunningStats.of(data, labels))
+    parts = dist.allgather_object(partial) if dist is not None and size > 1 else [partial]
+    total = RunningStats()
+    for part in parts:
+        total = total.merge(part)
+    return total
+
+
+def write_stats(path, stats: RunningStats) -> None:
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".partial")
+    with h5py.File(temporary, "w") as f:
+        f["mean"], f["std"] = stats.mean, stats.std
+        f["min"], f["max"] = stats.minimum, stats.maximum
+        f["count"] = stats.count
+        f["class_counts"] = stats.class_counts
+        f["class_frequencies"] = stats.class_counts / max(stats.class_counts.sum(), 1)
+        f.attrs["channels"] = ",".join(CHANNELS)
+        f.attrs["classes"] = ",".join(CLASS_NAMES)
+    os.replace(temporary, path)
+
+
+def load_stats(path) -> dict[str, np.ndarray]:
+    """The arrays of a ``stats.h5``, checked; a one-line error naming the file otherwise."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: channel statistics not found; run python -m climate_seg.stats <train dir> "
+                        f"--out {path}")
+    try:
+        with h5py.File(path, "r") as f:
+            out = {key: np.asarray(f[key][()], np.float64) for key in ("mean", "std", "min", "max")}
+            out["class_frequencies"] = np.asarray(f["class_frequencies"][()], np.float64)
+    except (OSError, KeyError) as exc:
+        raise DataError(f"{path}: expected datasets mean, std, min, max, class_frequencies ({exc})") from None
+    if any(out[key].shape != (N_CHANNELS,) for key in ("mean", "std", "min", "max")):
+        raise DataError(f"{path}: mean/std/min/max must hold {N_CHANNELS} values, one per channel")
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m climate_seg.stats", description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", help="directory of training samples (*.h5)")
+    parser.add_argument("--out", help="output file (default: stats.h5 beside the directory)")
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        from common import distributed
+        from common.data import list_files
+
+        files = list_files(args.directory, ("*.h5",), "climate sample")
+        dist = distributed.init()
+        stats = compute_stats(files, dist)
+        out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory).resolve().parent / "stats.h5"
+        if dist.is_root:
+            write_stats(out, stats)
+            frequencies = stats.class_counts / max(stats.class_counts.sum(), 1)
+            print(f"{len(files)} files, {stats.count} pixels over {dist.size} rank(s) -> {out}; class frequencies "
+                  + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())
