@@ -50,9 +50,32 @@ def _metrics(cfg: ClimateConfig):
     return [ConfusionMatrix(len(CLASS_NAMES), CLASS_NAMES, name="mean_iou")]
 
 
-def _mlperf_hyperparameters(cfg: ClimateConfig) -> dict:
-    return {"opt_lr": cfg.optimizer.learning_rate, "batchnorm_groupsize": 1,
-            "gradient_accumulation_frequency": 1}
+def _mlperf_hyperparameters(cfg: ClimateConfig, schedule) -> dict:
+    """The DeepCAM events of the MLPerf HPC rules, described from the config and the built schedule."""
+    opt = cfg.optimizer
+    events = {
+        "seed": cfg.train.seed,
+        "batchnorm_group_size": 1,
+        "gradient_accumulation_frequency": 1,
+        "opt_name": {"adam": "Adam", "sgd": "SGD", "lars": "LARS"}[opt.name] + ("+LARC" if opt.larc.enabled else ""),
+        "opt_lr": schedule.peak_learning_rate,
+        "opt_betas": [opt.beta_1, opt.beta_2],
+        "opt_eps": opt.epsilon,
+        "opt_weight_decay": cfg.model.weight_decay,
+        "scheduler_lr_warmup_steps": schedule.warmup_steps,
+        "scheduler_lr_warmup_factor": schedule.peak_learning_rate / opt.learning_rate,
+    }
+    if schedule.decay == "cosine":
+        events.update(scheduler_type="cosine_annealing", scheduler_t_max=schedule.decay_steps,
+                      scheduler_eta_min=schedule.end_factor * schedule.peak_learning_rate)
+    elif schedule.decay in ("step", "none"):
+        boundaries = sorted(schedule.decay_boundaries)
+        events.update(scheduler_type="multistep",
+                      scheduler_milestones=[b * schedule.steps_per_epoch for b in boundaries],
+                      scheduler_decay_rate=schedule.decay_boundaries[boundaries[0]] if boundaries else 1.0)
+    else:
+        events.update(scheduler_type=schedule.decay)
+    return events
 
 
 APPLICATION = Application(

@@ -49,7 +49,8 @@ class MlperfSpec:
     logs_key: str                     # where the metric is in Keras logs, e.g. "val_mae"
     target: Callable[[Any], float]    # cfg -> quality target
     higher_is_better: bool = False
-    hyperparameters: Callable[[Any], dict] | None = None  # cfg -> extra {key: value} events
+    # (cfg, the built WarmupDecay schedule) -> extra {key: value} events (override the common ones)
+    hyperparameters: Callable[[Any, Any], dict] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +260,7 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
         peak_flops_total = cfg.train.peak_tflops * 1e12 * dist.size
 
     if mlperf_log.enabled:
-        _log_mlperf_hyperparameters(mlperf_log, app, cfg, datasets, global_batch_size, peak_lr)
+        _log_mlperf_hyperparameters(mlperf_log, app, cfg, datasets, global_batch_size, peak_lr, schedule)
 
     stop_request = StopRequest()
     watchdog = Watchdog(cfg.train.hang_timeout_s, dist.rank) if cfg.train.hang_timeout_s > 0 else None
@@ -408,7 +409,7 @@ def _summary(app, cfg, dist, history, network, forward_flops, global_batch_size,
 
 
 def _log_mlperf_hyperparameters(mlperf_log: MlperfLog, app: Application, cfg: AppConfig, datasets: Datasets,
-                                global_batch_size: int, peak_lr: float) -> None:
+                                global_batch_size: int, peak_lr: float, built_schedule) -> None:
     opt = cfg.optimizer
     schedule = opt.schedule
     warmup_epochs = schedule.warmup_epochs or (schedule.warmup_steps / datasets.steps_per_epoch)
@@ -426,6 +427,6 @@ def _log_mlperf_hyperparameters(mlperf_log: MlperfLog, app: Application, cfg: Ap
         "opt_weight_decay": opt.weight_decay,
     }
     if app.mlperf.hyperparameters is not None:
-        events.update(app.mlperf.hyperparameters(cfg))
+        events.update(app.mlperf.hyperparameters(cfg, built_schedule))
     for key, value in events.items():
         mlperf_log.event(key, value)

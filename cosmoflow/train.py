@@ -23,7 +23,7 @@ def _prepare_data(cfg: CosmoflowConfig) -> None:
         print(f"generated mock universes in {cfg.data.data_dir}", flush=True)
 
 
-def _mlperf_hyperparameters(cfg: CosmoflowConfig) -> dict:
+def _mlperf_hyperparameters(cfg: CosmoflowConfig, schedule) -> dict:
     return {"dropout": cfg.model.dropout}
 
 

@@ -435,8 +435,12 @@ def test_tiny_tiramisu_two_ranks_with_gradient_lag_trains_and_evaluates(tiny_cli
     assert summary["ranks"] == 2 and summary["epochs_completed"] == 2
     for key in ("val_mean_iou", "val_iou_cyclone", "val_pixel_accuracy"):
         assert 0.0 <= summary["final"][key] <= 1.0
-    log = (run / "mlperf.log").read_text()
-    assert '"key": "eval_accuracy"' in log and '"submission_benchmark", "value": "deepcam"' in log
+    checker = run_python(["-m", "mlperf_logging.compliance_checker", "--usage", "hpc", "--ruleset", "3.0.0",
+                          str(run / "mlperf.log")], check=False, cwd=run)
+    output = checker.stdout + checker.stderr
+    # Open division; a 2-epoch run cannot reach mean IoU 0.82, the only check allowed to fail.
+    assert "open_deepcam.yaml" in output and "CHECK for" not in output and "Required" not in output, output
+    assert "Failed checks for eval_accuracy" in output
     result = run_python(["-m", "climate_seg.evaluate", "--run-dir", str(run)])
     metrics = json.loads((run / "metrics.json").read_text())
     assert set(metrics["iou"]) == set(CLASS_NAMES)
