@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-complete
 
-.PHONY: setup demo demo-hep test bench clean-runs setup-cluster
+.PHONY: setup demo demo-hep demo-climate test bench clean-runs setup-cluster
 
 setup: $(STAMP)
 
@@ -45,6 +45,16 @@ demo-hep: setup
 	    $(PY) -m hep_cnn.train --config configs/hep_cnn/demo.yaml --output-dir runs/demo-hep
 	$(PY) -m hep_cnn.evaluate --run-dir runs/demo-hep
 
+# The climate segmentation demos: synthetic CAM5 netCDF generated and converted
+# once into data/climate-demo, then Tiramisu and DeepLabv3+ on 2 ranks, each evaluated.
+demo-climate: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_tiramisu.yaml --output-dir runs/demo-tiramisu
+	$(PY) -m climate_seg.evaluate --run-dir runs/demo-tiramisu
+	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_deeplab.yaml --output-dir runs/demo-deeplab
+	$(PY) -m climate_seg.evaluate --run-dir runs/demo-deeplab
+
 test: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
 
@@ -67,6 +77,14 @@ bench: setup
 	$(PY) -m hep_cnn.synth --out data/hep-224 --image-size 224 --layout benchmark --n-train 256 --n-validation 64 --n-test 64
 	$(BENCH) --config configs/hep_cnn/benchmark_224.yaml --batch-size 8 --steps 6 --set data.data_dir=data/hep-224 \
 	    --set data.chunk_size=32 --set data.shuffle_buffer=64 --json runs/bench/hep-224.json
+	$(BENCH) --config configs/climate_seg/demo_tiramisu.yaml --steps 10 --json runs/bench/tiramisu-demo.json
+	$(BENCH) --config configs/climate_seg/demo_deeplab.yaml --steps 10 --json runs/bench/deeplab-demo.json
+	$(BENCH) --config configs/climate_seg/gordon_bell_tiramisu.yaml --batch-size 1 --steps 4 --precision mixed_bfloat16 \
+	    --set data.data_dir=data/climate-demo --set data.grid=[192,288] --set data.stage_dir=null \
+	    --json runs/bench/tiramisu-full-192x288-bf16.json
+	$(BENCH) --config configs/climate_seg/gordon_bell_deeplab.yaml --batch-size 1 --steps 4 --precision mixed_bfloat16 \
+	    --set data.data_dir=data/climate-demo --set data.grid=[192,288] --set data.stage_dir=null \
+	    --json runs/bench/deeplab-full-192x288-bf16.json
 
 # Clusters: site TensorFlow module + system MPI (+ NCCL); see README.
 setup-cluster:
