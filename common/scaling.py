@@ -1,0 +1,346 @@
+"""A scaling model: projected step time, samples/s and parallel efficiency per node count.
+
+    python -m common.scaling --config configs/cosmoflow/mlperf.yaml --system perlmutter --nodes 1,4,16,64,256
+                             [--samples-per-second R | --rate-from runs/x/summary.json] [--json] [--png F]
+    python -m common.scaling --published          # the SC18 points, model vs paper
+
+One synchronous data-parallel step on N nodes of r ranks each takes
+
+    t_step = max(t_compute + t_exposed_comm + t_stragglers, t_io)
+
+- ``t_compute`` = local batch x training FLOPs per sample / sustained FLOP/s
+  of one rank (measured samples/s when given, else the system's peak x its
+  sustained fraction);
+- ``t_comm``: the gradients (parameters x bytes per gradient) go out in
+  ceil(bytes / fusion threshold) fused allreduces (Horovod tensor fusion);
+  each is hierarchical when r > 1: reduce-scatter + all-gather inside the
+  node over NVLink/PCIe, then an allreduce of 1/r of the buffer between nodes
+  with the node's injection bandwidth shared by its r ranks.  An allreduce of
+  n bytes over p participants costs, with latency alpha and bandwidth B,
+  ``ring``: 2(p-1) alpha + 2(p-1)/p n/B, or ``tree`` (recursive halving and
+  doubling, Rabenseifner): 2 ceil(log2 p) alpha + 2(p-1)/p n/B; ``auto``
+  takes the cheaper, as MPI and NCCL do.  Horovod's negotiation adds one
+  tree-latency round per fused buffer;
+- ``t_exposed_comm`` = t_comm - the part hidden behind back-propagation
+  (``overlap`` x 2/3 of t_compute: gradients of the last layers are reduced
+  while earlier layers still back-propagate); with gradient lag the whole
+  step hides it;
+- ``t_stragglers``: every step waits for the slowest of N nodes; with step
+  times of relative standard deviation s (``step_jitter_fraction``; noise
+  from the OS and the network hits a node's ranks together), the expected
+  maximum of N exceeds the mean by about s x t_compute x sqrt(2 ln N); with
+  gradient lag a rank has one step of slack, which averages two steps' noise
+  (s / sqrt 2);
+- ``t_io``: reading the local batch from node-local storage (staged) or from
+  the parallel file system (the node's share of its aggregate bandwidth);
+  prefetching overlaps it with compute, so it only matters when it is longer.
+
+Efficiency(N) = samples/s on N nodes / (N x samples/s on 1 node).  Staging
+time (one-off, before training) = dataset bytes / min(N x per-node PFS
+bandwidth, aggregate PFS bandwidth).  System figures live in
+``configs/systems/<name>.yaml`` with their sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import sys
+
+import yaml
+
+from common.errors import ConfigError
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+SYSTEMS_DIR = REPO_ROOT / "configs" / "systems"
+PUBLISHED = REPO_ROOT / "configs" / "scaling" / "published.yaml"
+BACKWARD_SHARE = 2.0 / 3.0   # of a training step (forward 1, backward 2, in the 3 x forward convention)
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    name: str
+    ranks_per_node: int
+    peak_tflops_per_rank: dict
+    sustained_fraction: float
+    latency_s: float
+    node_bandwidth_Bps: float
+    intra_node_latency_s: float
+    intra_node_bandwidth_Bps: float
+    node_local_read_Bps: float
+    pfs_per_node_read_Bps: float
+    pfs_aggregate_read_Bps: float
+    step_jitter_fraction: float
+    overlap: float = 0.8
+    algorithm: str = "auto"
+    sources: dict = dataclasses.field(default_factory=dict)
+
+
+def available_systems() -> list[str]:
+    return sorted(p.stem for p in SYSTEMS_DIR.glob("*.yaml"))
+
+
+def load_system(name_or_path: str) -> System:
+    path = pathlib.Path(name_or_path)
+    if not path.is_file():
+        path = SYSTEMS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--system {name_or_path}: unknown; known systems: {', '.join(available_systems())} "
+                          f"(or a YAML file)")
+    raw = yaml.safe_load(path.read_text())
+    try:
+        network, storage = raw["network"], raw["storage"]
+        return System(name=raw["name"], ranks_per_node=int(raw["ranks_per_node"]),
+                      peak_tflops_per_rank=dict(raw["peak_tflops_per_rank"]),
+                      sustained_fraction=float(raw["sustained_fraction"]),
+                      latency_s=float(network["latency_s"]), node_bandwidth_Bps=float(network["node_bandwidth_Bps"]),
+                      intra_node_latency_s=float(network["intra_node_latency_s"]),
+                      intra_node_bandwidth_Bps=float(network["intra_node_bandwidth_Bps"]),
+                      node_local_read_Bps=float(storage["node_local_read_Bps"]),
+                      pfs_per_node_read_Bps=float(storage["pfs_per_node_read_Bps"]),
+                      pfs_aggregate_read_Bps=float(storage["pfs_aggregate_read_Bps"]),
+                      step_jitter_fraction=float(raw["step_jitter_fraction"]),
+                      overlap=float(raw.get("overlap", 0.8)), algorithm=raw.get("algorithm", "auto"),
+                      sources=raw.get("sources", {}))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: missing or malformed system key ({exc})") from None
+
+
+def allreduce_time(n_bytes: float, participants: int, latency_s: float, bandwidth_Bps: float,
+                   algorithm: str = "auto") -> float:
+    """Alpha-beta cost of one allreduce of ``n_bytes`` over ``participants``."""
+    p = participants
+    if p <= 1 or n_bytes <= 0:
+        return 0.0
+    bandwidth_term = 2.0 * (p - 1) / p * n_bytes / bandwidth_Bps
+    ring = 2.0 * (p - 1) * latency_s + bandwidth_term
+    tree = 2.0 * math.ceil(math.log2(p)) * latency_s + bandwidth_term
+    return {"ring": ring, "tree": tree, "auto": min(ring, tree)}[algorithm]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one rank does per step."""
+
+    parameters: int
+    training_flops_per_sample: float
+    local_batch: int
+    gradient_bytes_per_parameter: int = 4
+    sample_bytes: float = 0.0
+    rank_samples_per_second: float | None = None   # measured; else from the system's peak
+    precision: str = "fp32"
+    gradient_lag: bool = False
+    staged: bool = True
+    fusion_threshold_bytes: float = 128 * 2 ** 20
+    dataset_bytes: float = 0.0
+
+
+def communication_time(work: Workload, system: System, nodes: int) -> float:
+    """Allreduce time of one step's gradients (fused buffers, hierarchical inside a node)."""
+    r = system.ranks_per_node
+    total = work.parameters * work.gradient_bytes_per_parameter
+    if total <= 0 or nodes * r <= 1:
+        return 0.0
+    buffers = max(1, math.ceil(total / work.fusion_threshold_bytes))
+    per_buffer = total / buffers
+    intra = allreduce_time(per_buffer, r, system.intra_node_latency_s, system.intra_node_bandwidth_Bps, "ring")
+    inter = allreduce_time(per_buffer / r, nodes, system.latency_s, system.node_bandwidth_Bps / r, system.algorithm)
+    negotiation = 2 * math.ceil(math.log2(nodes * r)) * system.latency_s
+    return buffers * (intra + inter + negotiation)
+
+
+def compute_time(work: Workload, system: System) -> float:
+    if work.rank_samples_per_second:
+        return work.local_batch / work.rank_samples_per_second
+    peak = system.peak_tflops_per_rank.get(work.precision)
+    if peak is None:
+        raise ConfigError(f"system {system.name}: no peak for precision {work.precision}")
+    return work.local_batch * work.training_flops_per_sample / (peak * 1e12 * system.sustained_fraction)
+
+
+def project(work: Workload, system: System, nodes: int) -> dict:
+    """The step of ``nodes`` nodes: times in seconds, samples/s."""
+    ranks = nodes * system.ranks_per_node
+    t_compute = compute_time(work, system)
+    t_comm = communication_time(work, system, nodes)
+    hidden = t_compute if work.gradient_lag else system.overlap * BACKWARD_SHARE * t_compute
+    exposed = max(0.0, t_comm - hidden)
+    jitter = system.step_jitter_fraction / (math.sqrt(2.0) if work.gradient_lag else 1.0)
+    stragglers = jitter * t_compute * math.sqrt(2.0 * math.log(nodes)) if nodes > 1 else 0.0
+    if work.staged:
+        read_Bps = system.node_local_read_Bps
+    else:
+        read_Bps = min(system.pfs_per_node_read_Bps, system.pfs_aggregate_read_Bps / nodes)
+    t_io = work.local_batch * system.ranks_per_node * work.sample_bytes / read_Bps
+    step = max(t_compute + exposed + stragglers, t_io)
+    out = {"nodes": nodes, "ranks": ranks, "global_batch_size": ranks * work.local_batch, "step_time_s": step,
+           "compute_s": t_compute, "allreduce_s": t_comm, "exposed_allreduce_s": exposed,
+           "stragglers_s": stragglers, "io_s": t_io, "samples_per_second": ranks * work.local_batch / step}
+    if work.dataset_bytes:
+        out["staging_time_s"] = work.dataset_bytes / min(nodes * system.pfs_per_node_read_Bps,
+                                                         system.pfs_aggregate_read_Bps)
+    return out
+
+
+def scaling_table(work: Workload, system: System, node_counts: list[int]) -> list[dict]:
+    one = project(work, system, 1)["samples_per_second"]
+    rows = []
+    for nodes in node_counts:
+        row = project(work, system, nodes)
+        row["efficiency"] = row["samples_per_second"] / (nodes * one)
+        rows.append(row)
+    return rows
+
+
+# -- inputs from an application config ----------------------------------------------------------
+
+def workload_from_config(config: str, overrides: list[str], rank_samples_per_second: float | None,
+                         dataset_bytes: float = 0.0, sample_bytes: float | None = None) -> Workload:
+    from common.check_data import find_application
+    from common.config import load_config
+    from common.flops import TRAINING_FLOPS_FACTOR
+    from common.trainer import describe_model
+
+    app = find_application(config, None)
+    cfg = load_config(app.config_schema, config, overrides)
+    described = describe_model(app, cfg, 1)
+    compressed = cfg.distributed.gradient_compression == "fp16"
+    fusion = (cfg.distributed.fusion_threshold_mb or 128) * 2 ** 20
+    return Workload(parameters=described["parameters"],
+                    training_flops_per_sample=TRAINING_FLOPS_FACTOR * described["forward_flops_per_sample"],
+                    local_batch=cfg.data.batch_size, gradient_bytes_per_parameter=2 if compressed else 4,
+                    sample_bytes=sample_bytes or 4.0 * math.prod(described["input_shape"]),
+                    rank_samples_per_second=rank_samples_per_second, precision=cfg.train.precision,
+                    gradient_lag=bool(getattr(cfg.train, "gradient_lag", 0)),
+                    staged=bool(getattr(cfg.data, "stage_dir", None)), fusion_threshold_bytes=fusion,
+                    dataset_bytes=dataset_bytes)
+
+
+def rate_from_json(path: str) -> float:
+    """Per-rank samples/s from a training summary.json or a bench JSON."""
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a readable JSON file ({exc})") from None
+    if "compute" in data:
+        return float(data["compute"]["samples_per_second"]) / int(data.get("ranks", 1))
+    if data.get("samples_per_second"):
+        return float(data["samples_per_second"]) / int(data.get("ranks", 1))
+    raise ConfigError(f"{path}: no samples_per_second (expected a summary.json or a common.bench JSON)")
+
+
+# -- the published points ---------------------------------------------------------------------------
+
+def published_points() -> list[dict]:
+    """Each published point with the model's efficiency for it (inputs in configs/scaling/published.yaml)."""
+    out = []
+    for point in yaml.safe_load(PUBLISHED.read_text())["points"]:
+        system = load_system(point["system"])
+        w = point["workload"]
+        work = Workload(parameters=int(float(w["parameters"])),
+                        training_flops_per_sample=float(w["training_flops_per_sample"]),
+                        local_batch=int(w["local_batch"]), gradient_bytes_per_parameter=int(w["gradient_bytes"]),
+                        sample_bytes=float(w["sample_bytes"]),
+                        rank_samples_per_second=float(w["rank_samples_per_second"]),
+                        gradient_lag=bool(w.get("gradient_lag", False)), staged=bool(w.get("staged", True)),
+                        fusion_threshold_bytes=float(w.get("fusion_threshold_mb", 128)) * 2 ** 20)
+        row = scaling_table(work, system, [point["nodes"]])[0]
+        out.append({"name": point["name"], "system": system.name, "nodes": point["nodes"],
+                    "published_efficiency": point["published_efficiency"], "model_efficiency": row["efficiency"],
+                    "difference_points": 100 * (row["efficiency"] - point["published_efficiency"]),
+                    "step_time_s": row["step_time_s"], "exposed_allreduce_s": row["exposed_allreduce_s"],
+                    "stragglers_s": row["stragglers_s"]})
+    return out
+
+
+def plot(rows: list[dict], title: str, out_png) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nodes = [r["nodes"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.loglog(nodes, [r["samples_per_second"] for r in rows], "o-", label="model")
+    left.loglog(nodes, [rows[0]["samples_per_second"] / rows[0]["nodes"] * n for n in nodes], "k:", label="ideal")
+    left.set_xlabel("nodes")
+    left.set_ylabel("samples/s")
+    left.legend()
+    right.semilogx(nodes, [100 * r["efficiency"] for r in rows], "o-")
+    right.set_xlabel("nodes")
+    right.set_ylabel("parallel efficiency (%)")
+    right.set_ylim(0, 105)
+    for axis in (left, right):
+        axis.grid(alpha=0.3, which="both")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m common.scaling", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="application config (model, local batch, precision, compression)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--system", help=f"one of {', '.join(available_systems())}, or a YAML file")
+    parser.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256,512,1024")
+    parser.add_argument("--samples-per-second", type=float, help="measured training samples/s of one rank")
+    parser.add_argument("--rate-from", help="summary.json of a run or a common.bench JSON: its per-rank rate")
+    parser.add_argument("--dataset-bytes", type=float, default=0.0, help="dataset size, for the staging time")
+    parser.add_argument("--sample-bytes", type=float,
+                        help="bytes read per sample (default: the model input in float32)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
+    parser.add_argument("--png", help="plot samples/s and efficiency to this file")
+    parser.add_argument("--published", action="store_true", help="the published SC18 points, model vs paper")
+    args = parser.parse_args(argv)
+    from common.cli import exit_on_user_error
+
+    with exit_on_user_error():
+        if args.published:
+            rows = published_points()
+            if args.json:
+                print(json.dumps(rows, indent=1))
+            else:
+                for r in rows:
+                    print(f"{r['name']:<42} {r['system']:<10} {r['nodes']:>6} nodes: paper "
+                          f"{100 * r['published_efficiency']:.1f}%, model {100 * r['model_efficiency']:.1f}% "
+                          f"({r['difference_points']:+.1f} points)")
+            return 0
+        if not args.config or not args.system:
+            raise ConfigError("--config and --system are required (or --published)")
+        try:
+            node_counts = sorted({int(n) for n in args.nodes.split(",") if n.strip()})
+            assert node_counts and node_counts[0] >= 1
+        except (ValueError, AssertionError):
+            raise ConfigError(f"--nodes {args.nodes!r}: expected a comma-separated list of positive integers") \
+                from None
+        rate = args.samples_per_second or (rate_from_json(args.rate_from) if args.rate_from else None)
+        system = load_system(args.system)
+        work = workload_from_config(args.config, args.set, rate, args.dataset_bytes, args.sample_bytes)
+        rows = scaling_table(work, system, node_counts)
+    if args.png:
+        plot(rows, f"{pathlib.Path(args.config).stem} on {system.name}", args.png)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    source = "measured" if rate else f"{system.sustained_fraction:.0%} of the {work.precision} peak"
+    print(f"{pathlib.Path(args.config).name} on {system.name}: {work.parameters:,} parameters "
+          f"({work.parameters * work.gradient_bytes_per_parameter / 2 ** 20:.1f} MiB of gradients), local batch "
+          f"{work.local_batch}, {system.ranks_per_node} rank(s)/node, compute rate {source}")
+    print(f"{'nodes':>7} {'step s':>9} {'compute':>9} {'allreduce':>10} {'exposed':>9} {'straggle':>9} "
+          f"{'io':>8} {'samples/s':>11} {'efficiency':>10}")
+    for r in rows:
+        print(f"{r['nodes']:>7} {r['step_time_s']:>9.4f} {r['compute_s']:>9.4f} {r['allreduce_s']:>10.4f} "
+              f"{r['exposed_allreduce_s']:>9.4f} {r['stragglers_s']:>9.4f} {r['io_s']:>8.4f} "
+              f"{r['samples_per_second']:>11.1f} {100 * r['efficiency']:>9.1f}%")
+    if work.dataset_bytes:
+        print("staging " + ", ".join(f"{r['nodes']} nodes {r['staging_time_s']:.0f} s" for r in rows)
+              + f" ({work.dataset_bytes / 1e12:.2f} TB from the parallel file system)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The scaling model: alpha-beta costs against hand computation, the published points, the CLI contract."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from common.scaling import (SYSTEMS_DIR, System, Workload, allreduce_time, communication_time, load_system,
+                            project, published_points)
+from tests.conftest import run_python
+
+
+def test_allreduce_costs_by_hand():
+    # 4 participants, 8 MB, alpha 1 us, 1 GB/s: bandwidth term 2 * 3/4 * 8e6 / 1e9 = 12 ms.
+    assert allreduce_time(8e6, 4, 1e-6, 1e9, "ring") == pytest.approx(6e-6 + 0.012)
+    assert allreduce_time(8e6, 4, 1e-6, 1e9, "tree") == pytest.approx(4e-6 + 0.012)
+    # 1000 participants: the ring's 2(p-1) latencies dominate a small message; auto takes the tree.
+    assert allreduce_time(1e3, 1000, 1e-6, 1e9, "ring") == pytest.approx(1998e-6 + 2 * 999 / 1000 * 1e-6)
+    assert allreduce_time(1e3, 1000, 1e-6, 1e9, "auto") == pytest.approx(20e-6 + 2 * 999 / 1000 * 1e-6)
+    assert allreduce_time(1e9, 1, 1e-6, 1e9) == 0.0
+
+
+def system(**changes) -> System:
+    base = dict(name="toy", ranks_per_node=2, peak_tflops_per_rank={"fp32": 1.0}, sustained_fraction=0.5,
+                latency_s=1e-6, node_bandwidth_Bps=1e9, intra_node_latency_s=0.0, intra_node_bandwidth_Bps=1e10,
+                node_local_read_Bps=1e9, pfs_per_node_read_Bps=1e8, pfs_aggregate_read_Bps=1e9,
+                step_jitter_fraction=0.0, overlap=0.0, algorithm="tree")
+    return System(**{**base, **changes})
+
+
+def test_hierarchical_fused_allreduce_and_step_by_hand():
+    work = Workload(parameters=10_000_000, training_flops_per_sample=1e12, local_batch=1,
+                    fusion_threshold_bytes=16e6, sample_bytes=1e6)
+    toy = system()
+    # 40 MB in 3 buffers of 13.33 MB; intra: 2 * 1/2 * n / 1e10; inter: tree over 8 nodes of n/2 at 0.5 GB/s.
+    n = 40e6 / 3
+    intra = n / 1e10
+    inter = 2 * 3 * 1e-6 + 2 * 7 / 8 * (n / 2) / 0.5e9
+    negotiation = 2 * 4 * 1e-6
+    assert communication_time(work, toy, 8) == pytest.approx(3 * (intra + inter + negotiation))
+    step = project(work, toy, 8)
+    assert step["compute_s"] == pytest.approx(2.0)           # 1 TFLOP at 0.5 TF/s
+    assert step["step_time_s"] == pytest.approx(2.0 + communication_time(work, toy, 8))
+    # Full overlap hides it; gradient lag hides it even with overlap 0; stragglers grow with sqrt(2 ln N).
+    assert project(work, system(overlap=1.0), 8)["exposed_allreduce_s"] == 0.0
+    lagged = project(Workload(**{**work.__dict__, "gradient_lag": True}), toy, 8)
+    assert lagged["exposed_allreduce_s"] == 0.0
+    noisy = project(work, system(step_jitter_fraction=0.1), 8)
+    assert noisy["stragglers_s"] == pytest.approx(0.1 * 2.0 * math.sqrt(2 * math.log(8)))
+    # Reading from the PFS: the node's share of the aggregate bandwidth once nodes x per-node exceeds it.
+    unstaged = Workload(**{**work.__dict__, "staged": False, "sample_bytes": 1e9})
+    assert project(unstaged, toy, 100)["io_s"] == pytest.approx(2 * 1e9 / (1e9 / 100))
+
+
+@pytest.mark.parametrize("point", published_points(), ids=lambda p: p["name"])
+def test_published_efficiencies_within_five_points(point):
+    assert abs(point["difference_points"]) <= 5.0, point
+
+
+def test_every_system_file_loads_and_cites_its_figures():
+    names = sorted(p.stem for p in SYSTEMS_DIR.glob("*.yaml"))
+    assert {"cori-knl", "summit", "piz-daint", "perlmutter", "h200"} <= set(names)
+    for name in names:
+        loaded = load_system(name)
+        raw = yaml.safe_load((SYSTEMS_DIR / f"{name}.yaml").read_text())
+        for key in ("peak_tflops_per_rank", "node_bandwidth_Bps", "step_jitter_fraction", "sustained_fraction"):
+            assert key in raw["sources"], (name, key)
+        assert loaded.ranks_per_node >= 1 and loaded.node_bandwidth_Bps > 0
+
+
+def test_cli_json_contract_and_png(tmp_path):
+    png = tmp_path / "scaling.png"
+    result = run_python(["-m", "common.scaling", "--config", "configs/climate_seg/gordon_bell_tiramisu.yaml",
+                         "--system", "summit", "--nodes", "1,2,16,128,1024", "--json", "--png", str(png)])
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [r["nodes"] for r in rows] == [1, 2, 16, 128, 1024]
+    for r in rows:
+        assert {"nodes", "step_time_s", "samples_per_second", "efficiency"} <= set(r)
+        assert r["samples_per_second"] == pytest.approx(r["global_batch_size"] / r["step_time_s"])
+    assert rows[0]["efficiency"] == pytest.approx(1.0)
+    assert all(a["efficiency"] >= b["efficiency"] for a, b in zip(rows, rows[1:]))
+    assert png.stat().st_size > 5000
+    bad = run_python(["-m", "common.scaling", "--config", "configs/cosmoflow/demo.yaml", "--system", "nowhere"],
+                     check=False)
+    assert bad.returncode == 2 and "nowhere: unknown; known systems: cori-knl" in bad.stderr
