@@ -13,8 +13,11 @@ PYTEST_ARGS ?=
 
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-complete
+# Keras on JAX without TensorFlow: checks that the models are backend-agnostic (tests/test_backends.py).
+JAX_VENV  ?= .venv-jax
+JAX_STAMP := $(JAX_VENV)/.setup-complete
 
-.PHONY: setup demo demo-hep demo-climate test bench clean-runs setup-cluster
+.PHONY: setup setup-jax demo demo-hep demo-climate test bench clean-runs setup-cluster
 
 setup: $(STAMP)
 
@@ -28,6 +31,14 @@ $(STAMP): pyproject.toml scripts/build_horovod.sh Makefile
 	    { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	      apt-get update -qq && apt-get install -y -qq shellcheck >/dev/null; } || \
 	    echo "note: shellcheck could not be installed; tests/test_slurm.py skips its check outside CI"
+	@touch $@
+
+setup-jax: $(JAX_STAMP)
+
+$(JAX_STAMP): $(STAMP)
+	@test -x $(JAX_VENV)/bin/python || $(PYTHON_BIN) -m venv $(JAX_VENV)
+	$(JAX_VENV)/bin/python -m pip install --quiet "jax[cpu]" "keras==$$($(PY) -c 'import keras; print(keras.__version__)')" \
+	    numpy pydantic pyyaml
 	@touch $@
 
 # The CosmoFlow demo: mock universes generated once into data/, then training
@@ -55,7 +66,7 @@ demo-climate: setup
 	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_deeplab.yaml --output-dir runs/demo-deeplab
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-deeplab
 
-test: setup
+test: setup setup-jax
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks (numbers, not pass/fail): each app's demo and full-size config, and

@@ -1,0 +1,41 @@
+"""The models are plain Keras 3: they build and train under JAX with no TensorFlow installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+JAX_PYTHON = REPO / ".venv-jax" / "bin" / "python"
+
+
+def test_every_app_trains_under_jax_without_tensorflow():
+    assert JAX_PYTHON.is_file(), f"{JAX_PYTHON} missing: make setup-jax (make test does it)"
+    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)}
+    check = subprocess.run([str(JAX_PYTHON), "-c", "import tensorflow"], capture_output=True, env=env)
+    assert check.returncode != 0, "the JAX environment must not have TensorFlow"
+    result = subprocess.run([str(JAX_PYTHON), str(REPO / "scripts" / "backend_bench.py"), "--tiny", "--steps", "1"],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["backend"] == "jax" and report["precision"] == "mixed_bfloat16"
+    assert [r["app"] for r in report["results"]] == ["cosmoflow", "hep_cnn_224", "tiramisu", "deeplab"]
+    for row in report["results"]:
+        assert row["output_dtype"] == "float32" and row["samples_per_second"] > 0
+        assert 0 < row["loss"] < 1e4
+
+
+@pytest.mark.parametrize("app", ["cosmoflow", "hep_cnn_224", "tiramisu", "deeplab"])
+def test_backend_bench_flop_count_equals_the_engine_counter(app):
+    sys.path.insert(0, str(REPO / "scripts"))
+    import backend_bench
+
+    from common.flops import forward_flops_per_sample
+
+    network, *_ = backend_bench.build(app, tiny=True, batch=None)
+    assert backend_bench.forward_flops(network) == pytest.approx(forward_flops_per_sample(network), rel=1e-9)
