@@ -130,6 +130,103 @@ class ClimateLossSection(Section):
 
 
 class ClimateConfig(AppConfig):
+    task: Literal["segmentation"] = "segmentation"
     data: ClimateDataSection
     model: ClimateModelSection = Field(default_factory=ClimateModelSection)
     loss: ClimateLossSection = Field(default_factory=ClimateLossSection)
+
+
+# -- semi-supervised detection (SC17 / ExtremeWeather) --------------------------------------------
+
+EXTREMEWEATHER_CHANNELS = tuple(sorted(CHANNELS))   # the ExtremeWeather files' (alphabetical) channel order
+BOX_COLUMNS = ("ymin", "xmin", "ymax", "xmax", "class")
+
+
+class DetectSynthSection(Section):
+    """Synthetic snapshots with the four event classes, written in the ExtremeWeather layout."""
+
+    generate_if_missing: bool = False
+    grid: tuple[PositiveInt, PositiveInt] = Field((128, 192), description="(lat, lon) points")
+    n_train: PositiveInt = 192
+    n_validation: PositiveInt = 32
+    n_test: PositiveInt = 48
+    samples_per_file: PositiveInt = Field(64, description="snapshots per HDF5 file")
+    unlabeled_every: NonNegativeInt = Field(
+        2, description="every n-th training snapshot is written without boxes (ExtremeWeather labels every "
+                       "other 3-hourly step); 0: all labeled")
+    seed: int = 2017
+
+
+class DetectDataSection(DataSection):
+    """ExtremeWeather-layout HDF5 files in ``data_dir/{train,validation,test}/``: ``images`` (N, C, H, W),
+    ``boxes`` (N, 15, 5) padded with -1, optional ``labeled`` (N,)."""
+
+    grid: tuple[PositiveInt, PositiveInt] = Field(FULL_GRID, description="(H, W) of the images")
+    file_channels: list[str] = Field(default_factory=lambda: list(EXTREMEWEATHER_CHANNELS),
+                                     description="the files' channel order, by name")
+    channels: list[str] = Field(default_factory=lambda: list(EXTREMEWEATHER_CHANNELS),
+                                description="channels fed to the network, selected and ordered by name")
+    box_columns: list[Literal["ymin", "xmin", "ymax", "xmax", "class"]] = Field(
+        default_factory=lambda: list(BOX_COLUMNS), description="meaning of the 5 columns of boxes")
+    normalization: Literal["minmax", "zscore"] = "zscore"
+    stats_file: str = Field("stats.h5", description="per-channel statistics (file channel order), in data_dir")
+    labeled_fraction: float = Field(1.0, gt=0.0, le=1.0,
+                                    description="keep labels on this fraction of the labeled training samples "
+                                                "(seeded); the rest become unlabeled (experiments)")
+    unlabeled_samples: list[NonNegativeInt] = Field(
+        default_factory=list, description="training samples (global index, file name order) treated as unlabeled")
+    use_unlabeled: bool = Field(True, description="false: drop unlabeled samples (the supervised baseline)")
+    labeled_per_batch: NonNegativeInt | None = Field(
+        None, description="labeled samples in each batch of data.batch_size (the rest unlabeled); "
+                          "default: batch_size / 2 when unlabeled data is used")
+    synth: DetectSynthSection = Field(default_factory=DetectSynthSection)
+
+    @model_validator(mode="after")
+    def _names(self):
+        unknown = [c for c in self.channels if c not in self.file_channels]
+        if unknown:
+            raise ValueError(f"data.channels {unknown} are not in data.file_channels")
+        if sorted(self.box_columns) != sorted(BOX_COLUMNS):
+            raise ValueError(f"data.box_columns must name each of {list(BOX_COLUMNS)} once")
+        if self.labeled_per_batch is not None and self.labeled_per_batch > self.batch_size:
+            raise ValueError(f"data.labeled_per_batch={self.labeled_per_batch} > data.batch_size={self.batch_size}")
+        return self
+
+
+class DetectModelSection(Section):
+    """Encoder-decoder with a one-box-per-cell head on the bottleneck (Racah et al. 2017)."""
+
+    variant: Literal["2d", "3d"] = "2d"
+    filters: list[PositiveInt] = Field(default_factory=lambda: [128, 256, 512, 768, 1024, 1280],
+                                       description="encoder convs, stride 2 each: cell = 2 ** len(filters) px")
+    kernel_size: PositiveInt = 5
+    leaky_relu_slope: NonNegativeFloat = 0.1
+    bottleneck_batch_norm: bool = True
+    head_kernel_size: PositiveInt = 3
+    time_steps: PositiveInt = Field(8, description="3d: consecutive snapshots per sample")
+    time_kernel_size: PositiveInt = Field(3, description="3d: kernel extent in time (stride 1)")
+    weight_decay: NonNegativeFloat = Field(5e-4, description="L2 on the kernels")
+
+    @property
+    def cell(self) -> int:
+        return 2 ** len(self.filters)
+
+
+class DetectLossSection(Section):
+    coord_xy: NonNegativeFloat = 5.0
+    coord_wh: NonNegativeFloat = 7.0
+    no_object: NonNegativeFloat = 0.5
+    lambda_ae: NonNegativeFloat = Field(10.0, description="weight of the reconstruction MSE (0: supervised only)")
+
+
+class DetectEvalSection(Section):
+    score_threshold: float = Field(0.05, ge=0.0, le=1.0, description="p(object) x p(class) to keep a box")
+    nms_iou: float = Field(0.3, gt=0.0, le=1.0)
+
+
+class DetectConfig(AppConfig):
+    task: Literal["detection"]
+    data: DetectDataSection
+    model: DetectModelSection = Field(default_factory=DetectModelSection)
+    loss: DetectLossSection = Field(default_factory=DetectLossSection)
+    evaluation: DetectEvalSection = Field(default_factory=DetectEvalSection)

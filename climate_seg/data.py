@@ -74,15 +74,21 @@ def inspect_file(path: str, grid: tuple[int, int]) -> SampleFile:
 def split_files(cfg: ClimateConfig, split: str, dist: Distributed | None = None,
                 problems: list[str] | None = None) -> list[SampleFile]:
     """The screened sample files of one split, in name order."""
-    data = cfg.data
-    dist = dist or Distributed(None)
+    good, layouts = screened_split(cfg.data, split, lambda f: inspect_file(f, cfg.data.grid), "climate sample",
+                                   dist, problems)
+    return [layouts[f] for f in good]
+
+
+def screened_split(data, split: str, inspect, what: str, dist: Distributed | None,
+                   problems: list[str] | None) -> tuple[list[str], dict]:
+    """(good files of ``data_dir/split`` in name order, what ``inspect`` said of each); bad ones
+    appended to ``problems`` (or raised, with ``data.on_bad_file: fail``)."""
     directory = pathlib.Path(data.data_dir) / split
-    files = list_files(directory, ("*.h5",), f"climate {split} sample")
-    good, layouts, bad = screen_files(files, lambda f: inspect_file(f, data.grid), dist, data.on_bad_file,
-                                      str(directory))
+    files = list_files(directory, ("*.h5",), f"{what} {split}")
+    good, info, bad = screen_files(files, inspect, dist or Distributed(None), data.on_bad_file, str(directory))
     if problems is not None:
         problems.extend(bad)
-    return [layouts[f] for f in good]
+    return good, info
 
 
 def raw_readable(files: list[SampleFile]) -> bool:

@@ -1,4 +1,4 @@
-"""Evaluate a climate segmentation run on held-out samples.
+"""Evaluate a climate segmentation run on held-out samples (detection runs: climate_seg.detect_evaluate).
 
     python -m climate_seg.evaluate --run-dir runs/climate_seg-demo_tiramisu [--split test] [--data-dir D]
 
@@ -52,7 +52,8 @@ def plot_masks(fields, truth, predicted, names, out_png, tmq_channel: int = 0) -
 
 
 def evaluate(run_dir, split: str = "test", data_dir: str | None = None) -> dict:
-    from climate_seg.config import CLASS_NAMES, ClimateConfig
+    from climate_seg.config import CLASS_NAMES, ClimateConfig, DetectConfig
+    from common.config import read_yaml
     from climate_seg.data import evaluation_dataset
     from common.metrics import iou_from_confusion
     from common.plots import plot_training_curves
@@ -60,7 +61,15 @@ def evaluate(run_dir, split: str = "test", data_dir: str | None = None) -> dict:
 
     import climate_seg.model  # noqa: F401  (registers the loss for loading)
 
+    import climate_seg.detect_model  # noqa: F401  (registers the detection losses for loading)
+
     run_dir = pathlib.Path(run_dir)
+    config = run_dir / "config.yaml"
+    if config.is_file() and read_yaml(config).get("task") == "detection":
+        from climate_seg.detect_evaluate import evaluate_detection
+
+        cfg, model = load_run(run_dir, DetectConfig, data_dir)
+        return evaluate_detection(run_dir, cfg, model, split)
     cfg, model = load_run(run_dir, ClimateConfig, data_dir)
     n = len(CLASS_NAMES)
     confusion = np.zeros((n, n), np.int64)
@@ -102,6 +111,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with exit_on_user_error():
         m = evaluate(args.run_dir, args.split, args.data_dir)
+    if "map" in m:
+        print(f"{m['split']} set, {m['n_images']} images, {m['n_true_boxes']} true and {m['n_predicted_boxes']} "
+              f"predicted boxes: mAP@0.1 {m['map']['iou_0.1']:.4f}, mAP@0.5 {m['map']['iou_0.5']:.4f}")
+        for key, values in m["ap"].items():
+            print(f"  AP {key}: " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()))
+        if m["absent_classes"]:
+            print(f"  absent from the {m['split']} set (left out): {', '.join(m['absent_classes'])}")
+        print(f"wrote {pathlib.Path(args.run_dir) / 'metrics.json'}")
+        return 0
     print(f"{m['split']} set, {m['n_samples']} samples: mean IoU {m['mean_iou']:.4f} "
           f"(all-background prediction: {m['all_background_mean_iou']:.4f}), pixel accuracy {m['pixel_accuracy']:.4f}")
     print("  IoU " + ", ".join(f"{name} {value:.4f}" for name, value in m["iou"].items()))

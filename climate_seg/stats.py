@@ -97,7 +97,7 @@ def compute_stats(files: list[str], dist=None) -> RunningStats:
     return total
 
 
-def write_stats(path, stats: RunningStats) -> None:
+def write_stats(path, stats: RunningStats, channels=CHANNELS) -> None:
     path = pathlib.Path(path)
     temporary = path.with_name(path.name + ".partial")
     with h5py.File(temporary, "w") as f:
@@ -106,7 +106,7 @@ def write_stats(path, stats: RunningStats) -> None:
         f["count"] = stats.count
         f["class_counts"] = stats.class_counts
         f["class_frequencies"] = stats.class_counts / max(stats.class_counts.sum(), 1)
-        f.attrs["channels"] = ",".join(CHANNELS)
+        f.attrs["channels"] = ",".join(channels)
         f.attrs["classes"] = ",".join(CLASS_NAMES)
     os.replace(temporary, path)
 

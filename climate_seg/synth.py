@@ -108,12 +108,21 @@ def _offsets(lat: np.ndarray, lon: np.ndarray, lat0: float, lon0: float) -> tupl
 
 
 def plant_cyclone(rng: np.random.Generator, fields: dict, labels: np.ndarray, lat: np.ndarray,
-                  lon: np.ndarray) -> None:
+                  lon: np.ndarray) -> np.ndarray:
+    """A tropical cyclone (label 1); returns its mask."""
     hemisphere = rng.choice((-1.0, 1.0))
     lat0, lon0 = hemisphere * rng.uniform(8.0, 25.0), rng.uniform(0.0, 360.0)
     radius = rng.uniform(4.0, 6.5)                 # degrees: the pressure e-folding radius
     depth = rng.uniform(2000.0, 6000.0)            # Pa
     vmax = 25.0 + 30.0 * (depth - 2000.0) / 4000.0  # m/s, stronger lows spin faster
+    mask = vortex(fields, lat, lon, lat0, lon0, radius, depth, vmax, hemisphere, warm_core=True)
+    labels[mask] = 1
+    return mask
+
+
+def vortex(fields: dict, lat: np.ndarray, lon: np.ndarray, lat0: float, lon0: float, radius: float, depth: float,
+           vmax: float, hemisphere: float, warm_core: bool, moisture: float = 20.0) -> np.ndarray:
+    """A low of ``depth`` Pa and e-folding ``radius`` degrees with a cyclonic vortex; its mask (r < radius)."""
     east, north = _offsets(lat, lon, lat0, lon0)
     r = np.hypot(east, north)
     core = np.exp(-(r / radius) ** 2)
@@ -129,21 +138,48 @@ def plant_cyclone(rng: np.random.Generator, fields: dict, labels: np.ndarray, la
     fields["VBOT"] += v
     fields["U850"] += 0.85 * u
     fields["V850"] += 0.85 * v
-    warm = np.exp(-(r / (0.6 * radius)) ** 2) * depth / 4000.0
-    fields["T500"] += 4.0 * warm
-    fields["T200"] += 2.0 * warm
-    fields["Z200"] += 60.0 * warm
-    fields["TS"] += 0.5 * warm
-    fields["TMQ"] += 20.0 * core
-    fields["QREFHT"] += 0.004 * core
-    fields["PRECT"] += 4e-7 * np.exp(-(r / (0.5 * radius)) ** 2)
-    labels[r < radius] = 1
+    if warm_core:
+        warm = np.exp(-(r / (0.6 * radius)) ** 2) * depth / 4000.0
+        fields["T500"] += 4.0 * warm
+        fields["T200"] += 2.0 * warm
+        fields["Z200"] += 60.0 * warm
+        fields["TS"] += 0.5 * warm
+        fields["PRECT"] += 4e-7 * np.exp(-(r / (0.5 * radius)) ** 2) * min(1.0, depth / 2000.0)
+    else:
+        # Cold core with a frontal contrast: the western half of the storm is colder.
+        cold = core * (east < 0)
+        fields["T500"] -= 4.0 * core
+        fields["TS"] -= 6.0 * cold
+        fields["TREFHT"] -= 6.0 * cold
+        fields["PRECT"] += 2e-7 * core * (east > 0)
+    fields["TMQ"] += moisture * core
+    fields["QREFHT"] += 0.004 * core * moisture / 20.0
+    return r < radius
+
+
+def plant_depression(rng: np.random.Generator, fields: dict, lat: np.ndarray, lon: np.ndarray,
+                     lon_range=(0.0, 360.0)) -> np.ndarray:
+    """A tropical depression: a weak, small warm-core low."""
+    hemisphere = rng.choice((-1.0, 1.0))
+    lat0, lon0 = hemisphere * rng.uniform(5.0, 20.0), rng.uniform(*lon_range)
+    return vortex(fields, lat, lon, lat0, lon0, rng.uniform(3.0, 4.5), rng.uniform(500.0, 1200.0),
+                  rng.uniform(10.0, 17.0), hemisphere, warm_core=True, moisture=8.0)
+
+
+def plant_extratropical(rng: np.random.Generator, fields: dict, lat: np.ndarray, lon: np.ndarray,
+                        lon_range=(0.0, 360.0)) -> np.ndarray:
+    """An extratropical cyclone: a broad mid-latitude cold-core low with a front."""
+    hemisphere = rng.choice((-1.0, 1.0))
+    lat0, lon0 = hemisphere * rng.uniform(38.0, 60.0), rng.uniform(*lon_range)
+    return vortex(fields, lat, lon, lat0, lon0, rng.uniform(8.0, 12.0), rng.uniform(1500.0, 3500.0),
+                  rng.uniform(15.0, 25.0), hemisphere, warm_core=False, moisture=6.0)
 
 
 def plant_river(rng: np.random.Generator, fields: dict, labels: np.ndarray, lat: np.ndarray,
-                lon: np.ndarray) -> None:
+                lon: np.ndarray, lon_range=(0.0, 360.0)) -> np.ndarray:
+    """An atmospheric river (label 2 where no cyclone is); returns its whole mask."""
     hemisphere = rng.choice((-1.0, 1.0))
-    lat0, lon0 = hemisphere * rng.uniform(12.0, 25.0), rng.uniform(0.0, 360.0)
+    lat0, lon0 = hemisphere * rng.uniform(12.0, 25.0), rng.uniform(*lon_range)
     length_lon, rise = rng.uniform(50.0, 80.0), rng.uniform(18.0, 30.0)
     bend = rng.uniform(-6.0, 6.0)
     width = rng.uniform(2.0, 3.0)                  # degrees, Gaussian half-width of the filament
@@ -172,8 +208,9 @@ def plant_river(rng: np.random.Generator, fields: dict, labels: np.ndarray, lat:
     fields["V850"] += 12.0 * profile * tangent[..., 1]
     fields["UBOT"] += 7.0 * profile * tangent[..., 0]
     fields["VBOT"] += 7.0 * profile * tangent[..., 1]
-    river = (amplitude * profile > 0.25 * amplitude) & (labels != 1)
-    labels[river] = 2
+    river = amplitude * profile > 0.25 * amplitude
+    labels[river & (labels != 1)] = 2
+    return river
 
 
 def sample(rng: np.random.Generator, lat: np.ndarray, lon: np.ndarray,
@@ -265,3 +302,95 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# -- detection snapshots (four classes, ExtremeWeather layout) ------------------------------------
+
+MAX_BOXES = 15
+
+
+def _box_of(mask: np.ndarray, cls: int) -> list[float] | None:
+    """[ymin, xmin, ymax, xmax, class] around a mask, in pixels (None if it left the grid)."""
+    rows, cols = np.nonzero(mask.any(axis=1))[0], np.nonzero(mask.any(axis=0))[0]
+    if not rows.size:
+        return None
+    return [float(rows[0]), float(cols[0]), float(rows[-1] + 1), float(cols[-1] + 1), float(cls)]
+
+
+def detection_sample(rng: np.random.Generator, lat: np.ndarray, lon: np.ndarray) -> tuple[dict, np.ndarray]:
+    """One snapshot with 1-6 events of the four classes: (fields by name, (15, 5) boxes padded with -1).
+
+    Classes (ExtremeWeather): 0 tropical depression, 1 tropical cyclone, 2
+    extratropical cyclone, 3 atmospheric river.  Features are kept away from
+    the longitude seam so every box is one rectangle.
+    """
+    fields = background(rng, lat, lon)
+    labels = np.zeros((len(lat), len(lon)), np.int8)
+    boxes = []
+    counts = rng.multinomial(rng.integers(1, 7), [0.25] * 4)
+    for _ in range(counts[3]):
+        boxes.append(_box_of(plant_river(rng, fields, labels, lat, lon, lon_range=(10.0, 270.0)), 3))
+    for _ in range(counts[2]):
+        boxes.append(_box_of(plant_extratropical(rng, fields, lat, lon, lon_range=(20.0, 340.0)), 2))
+    for _ in range(counts[1]):
+        hemisphere = rng.choice((-1.0, 1.0))
+        lat0, lon0 = hemisphere * rng.uniform(8.0, 25.0), rng.uniform(15.0, 345.0)
+        depth = rng.uniform(2000.0, 6000.0)
+        mask = vortex(fields, lat, lon, lat0, lon0, rng.uniform(4.0, 6.5), depth,
+                      25.0 + 30.0 * (depth - 2000.0) / 4000.0, hemisphere, warm_core=True)
+        boxes.append(_box_of(mask, 1))
+    for _ in range(counts[0]):
+        boxes.append(_box_of(plant_depression(rng, fields, lat, lon, lon_range=(10.0, 350.0)), 0))
+    padded = np.full((MAX_BOXES, 5), -1.0, np.float32)
+    kept = [b for b in boxes if b is not None][:MAX_BOXES]
+    if kept:
+        padded[:len(kept)] = kept
+    return fields, padded
+
+
+def write_extremeweather(path, images: np.ndarray, boxes: np.ndarray, labeled: np.ndarray | None = None) -> None:
+    """An ExtremeWeather-layout file: ``images`` (N, 16, H, W) in alphabetical channel order, ``boxes``
+    (N, 15, 5) [ymin, xmin, ymax, xmax, class] padded with -1, ``labeled`` (N,); written atomically."""
+    import h5py
+
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".partial")
+    with h5py.File(temporary, "w") as f:
+        f.create_dataset("images", data=images.astype(np.float32))
+        f.create_dataset("boxes", data=boxes.astype(np.float32))
+        if labeled is not None:
+            f.create_dataset("labeled", data=labeled.astype(np.int8))
+        f.attrs["channels"] = ",".join(sorted(CHANNELS))
+    os.replace(temporary, path)
+
+
+def generate_detection_dataset(out_dir, synth, progress: bool = True) -> dict[str, list[pathlib.Path]]:
+    """Train/validation/test files of snapshots with boxes; every ``unlabeled_every``-th training
+    snapshot is written unlabeled (no boxes, ``labeled`` 0)."""
+    out_dir = pathlib.Path(out_dir)
+    lat, lon = grid_coordinates(*synth.grid)
+    names = sorted(CHANNELS)
+    counts = {"train": synth.n_train, "validation": synth.n_validation, "test": synth.n_test}
+    written: dict[str, list[pathlib.Path]] = {}
+    bar = tqdm(total=sum(counts.values()), desc="synthetic detection snapshots", unit="step", disable=not progress)
+    for split_index, (split, count) in enumerate(counts.items()):
+        rng = np.random.default_rng([synth.seed, 100 + split_index])
+        (out_dir / split).mkdir(parents=True, exist_ok=True)
+        written[split] = []
+        for file_index, first in enumerate(range(0, count, synth.samples_per_file)):
+            n = min(synth.samples_per_file, count - first)
+            images = np.empty((n, len(names), *synth.grid), np.float32)
+            boxes = np.empty((n, MAX_BOXES, 5), np.float32)
+            labeled = np.ones(n, np.int8)
+            for k in range(n):
+                fields, boxes[k] = detection_sample(rng, lat, lon)
+                images[k] = np.stack([fields[name] for name in names])
+                if split == "train" and synth.unlabeled_every and (first + k) % synth.unlabeled_every == 1:
+                    labeled[k] = 0
+                    boxes[k] = -1.0
+                bar.update()
+            path = out_dir / split / f"extremeweather-synth-{split}-{file_index:03d}.h5"
+            write_extremeweather(path, images, boxes, labeled)
+            written[split].append(path)
+    bar.close()
+    return written

@@ -1,15 +1,18 @@
-"""Train a climate segmentation network (Tiramisu or DeepLabv3+).
+"""Train a climate network: segmentation (Tiramisu, DeepLabv3+) or semi-supervised detection.
 
     python -m climate_seg.train --config configs/climate_seg/demo_tiramisu.yaml [--set k=v] [--output-dir D]
                                 [--resume] [--dry-run]
+    python -m climate_seg.train --config configs/climate_seg/demo_detect.yaml      # task: detection
     horovodrun -np 2 -H localhost:2 --gloo python -m climate_seg.train --config ...
+
+The config's ``task`` key (default ``segmentation``) picks the application.
 """
 
 from __future__ import annotations
 
 import pathlib
 
-from climate_seg.config import CLASS_NAMES, ClimateConfig
+from climate_seg.config import CHANNELS, CLASS_NAMES, ClimateConfig, DetectConfig
 from climate_seg.convert import convert
 from climate_seg.data import SPLITS, build_datasets, check_data, class_weights, stats_path
 from climate_seg.model import WeightedPixelCrossEntropy, build_model
@@ -23,23 +26,29 @@ from common.trainer import Application, MlperfSpec
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _prepare_data(cfg: ClimateConfig) -> None:
-    """Synthetic netCDF -> converted HDF5 samples -> stats.h5, for whatever is missing."""
+def _prepare(cfg, generate, what: str, stats_of, stats_file: pathlib.Path, channels) -> None:
+    """Generate synthetic data when asked and missing, then the statistics when missing."""
     data = cfg.data
     root = pathlib.Path(data.data_dir)
     if data.synth.generate_if_missing and not any((root / "train").glob("*.h5")):
         if tuple(data.synth.grid) != tuple(data.grid):
             from common.errors import ConfigError
             raise ConfigError(f"data.synth.grid {list(data.synth.grid)} must equal data.grid {list(data.grid)}")
-        netcdf = generate_dataset(root / "netcdf", data.synth, progress=False)
+        generate(root)
+        print(f"generated synthetic {what} in {root}/{{{','.join(SPLITS)}}}", flush=True)
+    if (root / "train").is_dir() and not stats_file.is_file():
+        write_stats(stats_file, stats_of(list_files(root / "train", ("*.h5",), f"{what} train")), channels)
+        print(f"computed channel statistics into {stats_file}", flush=True)
+
+
+def _prepare_data(cfg: ClimateConfig) -> None:
+    """Synthetic netCDF -> converted HDF5 samples -> stats.h5, for whatever is missing."""
+    def generate(root):
+        netcdf = generate_dataset(root / "netcdf", cfg.data.synth, progress=False)
         for split in SPLITS:
             convert([str(p) for p in netcdf[split]], root / split)
-        print(f"generated synthetic CAM5 fields in {root / 'netcdf'} and converted them into {root}/"
-              f"{{{','.join(SPLITS)}}}", flush=True)
-    if (root / "train").is_dir() and not stats_path(cfg).is_file():
-        stats = compute_stats(list_files(root / "train", ("*.h5",), "climate train sample"))
-        write_stats(stats_path(cfg), stats)
-        print(f"computed channel statistics and class frequencies into {stats_path(cfg)}", flush=True)
+
+    _prepare(cfg, generate, "CAM5 fields (netCDF, converted)", compute_stats, stats_path(cfg), CHANNELS)
 
 
 def _loss(cfg: ClimateConfig):
@@ -93,8 +102,80 @@ APPLICATION = Application(
 )
 
 
+def _prepare_detection_data(cfg: DetectConfig) -> None:
+    from climate_seg.detect_data import compute_detection_stats, stats_path as detection_stats_path
+    from climate_seg.synth import generate_detection_dataset
+
+    _prepare(cfg, lambda root: generate_detection_dataset(root, cfg.data.synth, progress=False),
+             "detection snapshots", compute_detection_stats, detection_stats_path(cfg), cfg.data.file_channels)
+
+
+def _build_detector(cfg: DetectConfig):
+    from climate_seg.detect_model import build_detector
+
+    return build_detector(cfg)
+
+
+def _detection_datasets(cfg: DetectConfig, dist):
+    from climate_seg.detect_data import build_datasets as build_detection_datasets
+
+    return build_detection_datasets(cfg, dist)
+
+
+def _detection_loss(cfg: DetectConfig):
+    from climate_seg.detect_model import DetectionLoss, ReconstructionLoss
+
+    loss = cfg.loss
+    return {"detect": DetectionLoss(loss.coord_xy, loss.coord_wh, loss.no_object),
+            "recon": ReconstructionLoss(loss.lambda_ae)}
+
+
+def _check_detection_data(cfg: DetectConfig):
+    from climate_seg.detect_data import check_data as check_detection_data
+
+    return check_detection_data(cfg)
+
+
+DETECTION = Application(
+    name="climate_seg",
+    config_schema=DetectConfig,
+    build_model=_build_detector,
+    build_datasets=_detection_datasets,
+    loss=_detection_loss,
+    metrics=lambda cfg: [],
+    default_config=REPO_ROOT / "configs" / "climate_seg" / "demo_detect.yaml",
+    prepare_data=_prepare_detection_data,
+    check_data=_check_detection_data,
+)
+
+
+def application_for(config_path) -> Application:
+    """The segmentation or the detection application, from the config's ``task`` key."""
+    from common.config import read_yaml
+
+    if config_path and read_yaml(config_path).get("task", "segmentation") == "detection":
+        return DETECTION
+    return APPLICATION
+
+
+def _config_argument(argv) -> str | None:
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return str(APPLICATION.default_config)
+
+
 def main(argv=None) -> int:
-    return run_train(APPLICATION, argv)
+    from common.cli import exit_on_user_error
+
+    with exit_on_user_error():
+        app = application_for(_config_argument(argv))
+    return run_train(app, argv)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ def find_application(config_path: str, app_name: str | None):
         except ImportError:
             continue
         application = getattr(module, "APPLICATION", None)
+        if hasattr(module, "application_for"):   # a package with several applications picks one from the config
+            application = module.application_for(config_path)
         if application is not None:
             return application
     raise ConfigError(f"{config_path}: cannot tell which application it configures; pass --app NAME")

@@ -1,0 +1,270 @@
+"""Detection data: ExtremeWeather-layout HDF5 files, labeled and unlabeled samples, tf.data.
+
+Files in ``data_dir/{train,validation,test}/*.h5`` hold ``images`` (N, C, H,
+W) channels-first, ``boxes`` (N, 15, 5) padded with -1 and optionally
+``labeled`` (N,).  Channels are selected and ordered by name
+(``data.file_channels`` says what the file holds, ``data.channels`` what the
+network gets), never by position alone; box columns by ``data.box_columns``.
+
+A training sample is unlabeled when the file says so, when it is listed in
+``data.unlabeled_samples``, or when it falls in the (seeded) 1 -
+``data.labeled_fraction`` hidden on purpose.  Each batch takes
+``data.labeled_per_batch`` labeled samples and fills the rest with
+unlabeled ones (which only feed the reconstruction loss); with
+``data.use_unlabeled: false`` unlabeled samples are dropped.  An epoch is one
+pass over the labeled samples.  3D: samples are windows of
+``model.time_steps`` consecutive snapshots of one file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import h5py
+import numpy as np
+import tensorflow as tf
+
+from climate_seg.boxes import TARGET_CHANNELS, encode
+from climate_seg.config import BOX_COLUMNS, DetectConfig
+from climate_seg.stats import RunningStats, load_stats
+from climate_seg.data import screened_split
+from common.data import Datasets, check_split_files, epoch_seed, steps_for
+from common.distributed import Distributed
+from common.errors import DataError
+
+AUTOTUNE = tf.data.AUTOTUNE
+SPLITS = ("train", "validation", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    path: str
+    index: int          # first snapshot in the file
+    labeled: bool
+
+
+def inspect_file(path: str, cfg: DetectConfig) -> dict:
+    """Check the layout; return the file's snapshot count and labeled flags."""
+    data = cfg.data
+    try:
+        with h5py.File(path, "r") as f:
+            if "images" not in f or "boxes" not in f:
+                raise DataError(f"{path}: expected datasets images (N, C, H, W) and boxes (N, 15, 5)")
+            shape, boxes = f["images"].shape, f["boxes"].shape
+            expected = (len(data.file_channels), *data.grid)
+            if len(shape) != 4 or tuple(shape[1:]) != expected:
+                raise DataError(f"{path}: images has shape {shape}, expected (N, {', '.join(map(str, expected))}) "
+                                "(data.file_channels, data.grid)")
+            if len(boxes) != 3 or boxes[0] != shape[0] or boxes[-1] != 5:
+                raise DataError(f"{path}: boxes has shape {boxes}, expected ({shape[0]}, max_boxes, 5)")
+            labeled = np.asarray(f["labeled"][()], bool) if "labeled" in f else np.ones(shape[0], bool)
+    except OSError as exc:
+        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+    return {"count": int(shape[0]), "labeled": labeled.tolist()}
+
+
+def split_samples(cfg: DetectConfig, split: str, dist: Distributed | None = None,
+                  problems: list[str] | None = None) -> list[Sample]:
+    good, info = screened_split(cfg.data, split, lambda f: inspect_file(f, cfg), "detection", dist, problems)
+    window = cfg.model.time_steps if cfg.model.variant == "3d" else 1
+    samples = []
+    for path in good:
+        flags = info[path]["labeled"]
+        for start in range(0, info[path]["count"] - window + 1, window):
+            samples.append(Sample(path, start, bool(all(flags[start:start + window]))))
+    if split == "train":
+        samples = _hide_labels(cfg, samples)
+    return samples
+
+
+def _hide_labels(cfg: DetectConfig, samples: list[Sample]) -> list[Sample]:
+    data = cfg.data
+    listed = set(data.unlabeled_samples)
+    if listed and max(listed) >= len(samples):
+        raise DataError(f"data.unlabeled_samples lists sample {max(listed)}, but the training split holds "
+                        f"{len(samples)}")
+    samples = [dataclasses.replace(s, labeled=False) if i in listed else s for i, s in enumerate(samples)]
+    if data.labeled_fraction < 1.0:
+        labeled = [i for i, s in enumerate(samples) if s.labeled]
+        rng = np.random.default_rng(cfg.train.seed + 12345)
+        hidden = rng.choice(labeled, size=len(labeled) - int(round(data.labeled_fraction * len(labeled))),
+                            replace=False)
+        for i in hidden:
+            samples[i] = dataclasses.replace(samples[i], labeled=False)
+    return samples
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+def read_boxes(boxes: np.ndarray, columns: list[str]) -> np.ndarray:
+    """(n, 5) [ymin, xmin, ymax, xmax, class] from the file's column order; padding rows dropped."""
+    order = [list(columns).index(name) for name in BOX_COLUMNS]
+    boxes = np.asarray(boxes, np.float64)[:, order]
+    return boxes[boxes[:, 4] >= 0]
+
+
+def read_sample(cfg: DetectConfig, path: str, index: int, labeled: bool, offset, scale):
+    """(snapshot(s) channels-last, normalised; targets (..., gy, gx, 7)) of one sample."""
+    data, m = cfg.data, cfg.model
+    window = m.time_steps if m.variant == "3d" else 1
+    channel_index = [data.file_channels.index(c) for c in data.channels]
+    with h5py.File(path, "r") as f:
+        images = f["images"][index:index + window]
+        boxes = f["boxes"][index:index + window]
+    images = np.transpose(images[:, channel_index], (0, 2, 3, 1)).astype(np.float32)
+    if not np.all(np.isfinite(images)):
+        raise DataError(f"{path}: images[{index}] hold NaN or Inf")
+    images = (images - offset) / scale
+    grid = (data.grid[0] // m.cell, data.grid[1] // m.cell)
+    targets = np.zeros((window, *grid, TARGET_CHANNELS + 1), np.float32)
+    for t in range(window):
+        step_boxes = read_boxes(boxes[t], data.box_columns)
+        if len(step_boxes) and not np.all(np.isin(step_boxes[:, 4], (0, 1, 2, 3))):
+            raise DataError(f"{path}: boxes[{index + t}] hold classes outside 0-3")
+        targets[t, ..., :TARGET_CHANNELS] = encode(step_boxes, grid, m.cell)
+        targets[t, ..., TARGET_CHANNELS] = float(labeled)
+    if m.variant == "2d":
+        return images[0], targets[0]
+    return images, targets
+
+
+def normalizer(cfg: DetectConfig, stats: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, scale) of the selected channels, from statistics in the file channel order."""
+    index = [cfg.data.file_channels.index(c) for c in cfg.data.channels]
+    if cfg.data.normalization == "zscore":
+        offset, scale = stats["mean"][index], stats["std"][index]
+    else:
+        offset, scale = stats["min"][index], stats["max"][index] - stats["min"][index]
+    return offset.astype(np.float32), np.maximum(scale, 1e-12).astype(np.float32)
+
+
+def compute_detection_stats(files: list[str]) -> RunningStats:
+    """Per-channel statistics over ExtremeWeather files (the files' channel order)."""
+    total = RunningStats()
+    for path in files:
+        with h5py.File(path, "r") as f:
+            for start in range(0, len(f["images"]), 16):
+                images = np.transpose(f["images"][start:start + 16], (0, 2, 3, 1))
+                total = total.merge(RunningStats.of(images, np.zeros(images.shape[:3], np.int64)))
+    return total
+
+
+def stats_path(cfg: DetectConfig) -> pathlib.Path:
+    return pathlib.Path(cfg.data.data_dir) / cfg.data.stats_file
+
+
+# -- tf.data --------------------------------------------------------------------------------------
+
+def _dataset(cfg: DetectConfig, samples: list[Sample], stats: dict, dist: Distributed, seed: int,
+             training: bool) -> tf.data.Dataset:
+    data, m = cfg.data, cfg.model
+    offset, scale = normalizer(cfg, stats)
+    grid = (data.grid[0] // m.cell, data.grid[1] // m.cell)
+    image_shape = (*data.grid, len(data.channels))
+    target_shape = (*grid, TARGET_CHANNELS + 1)
+    if m.variant == "3d":
+        image_shape, target_shape = (m.time_steps, *image_shape), (m.time_steps, *target_shape)
+    columns = (tf.constant([s.path for s in samples]), tf.constant([s.index for s in samples], tf.int64),
+               tf.constant([s.labeled for s in samples]))
+    if training:
+        order = tf.random.experimental.stateless_shuffle(tf.range(len(samples)), seed=[seed, 0])
+        columns = tuple(tf.gather(c, order) for c in columns)
+    table = tf.data.Dataset.from_tensor_slices(columns)
+    if len(samples) >= dist.size:
+        table = table.shard(dist.size, dist.rank)
+
+    def read(path, index, labeled):
+        images, targets = tf.numpy_function(
+            lambda p, i, l: read_sample(cfg, p.decode(), int(i), bool(l), offset, scale),
+            [path, index, labeled], [tf.float32, tf.float32], stateful=False)
+        images, targets = tf.ensure_shape(images, image_shape), tf.ensure_shape(targets, target_shape)
+        return images, {"detect": targets, "recon": images}
+
+    return table.map(read, num_parallel_calls=AUTOTUNE, deterministic=True)
+
+
+def batch_mix(cfg: DetectConfig) -> tuple[int, int]:
+    """(labeled, unlabeled) samples per batch."""
+    data = cfg.data
+    if not data.use_unlabeled:
+        return data.batch_size, 0
+    labeled = data.labeled_per_batch if data.labeled_per_batch is not None else max(1, data.batch_size // 2)
+    return labeled, data.batch_size - labeled
+
+
+def _concat(a, b):
+    return tf.nest.map_structure(lambda x, y: tf.concat([x, y], axis=0), a, b)
+
+
+def build_datasets(cfg: DetectConfig, dist: Distributed) -> Datasets:
+    data = cfg.data
+    seed = cfg.train.seed
+    bad: list[str] = []
+    train = split_samples(cfg, "train", dist, bad)
+    valid = [s for s in split_samples(cfg, "validation", dist, bad) if s.labeled]
+    stats = load_stats(stats_path(cfg))
+    labeled = [s for s in train if s.labeled]
+    unlabeled = [s for s in train if not s.labeled]
+    n_labeled, n_unlabeled = batch_mix(cfg)
+    if n_unlabeled and not unlabeled:
+        raise DataError(f"{data.data_dir}/train: no unlabeled samples for data.labeled_per_batch="
+                        f"{n_labeled} of data.batch_size={data.batch_size} (set data.use_unlabeled: false, or "
+                        "hide labels with data.labeled_fraction)")
+    if n_labeled == 0 or not labeled:
+        raise DataError(f"{data.data_dir}/train: training needs labeled samples in every batch "
+                        f"({len(labeled)} labeled, data.labeled_per_batch={n_labeled})")
+    steps = steps_for(len(labeled), dist.size, n_labeled, "data.labeled_per_batch", f"{data.data_dir}/train")
+    valid_steps = steps_for(len(valid), dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
+    if dist.is_root:
+        print(f"detection data: {len(labeled)} labeled and {len(unlabeled)} unlabeled training samples, batches of "
+              f"{n_labeled} labeled + {n_unlabeled} unlabeled", flush=True)
+
+    def train_epoch(epoch):
+        seed_e = epoch_seed(seed, epoch)
+        stream = _dataset(cfg, labeled, stats, dist, seed_e, True).repeat().batch(n_labeled, drop_remainder=True)
+        if n_unlabeled:
+            extra = _dataset(cfg, unlabeled, stats, dist, seed_e + 1, True).repeat().batch(n_unlabeled,
+                                                                                           drop_remainder=True)
+            stream = tf.data.Dataset.zip((stream, extra)).map(_concat)
+        return stream
+
+    validation = _dataset(cfg, valid, stats, dist, seed, False).repeat().batch(data.batch_size, drop_remainder=True)
+    return Datasets(train_epoch=train_epoch, validation=validation.take(valid_steps).cache().repeat(),
+                    steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
+                    train_samples=steps * data.batch_size * dist.size,
+                    validation_samples=valid_steps * data.batch_size * dist.size)
+
+
+def evaluation_samples(cfg: DetectConfig, split: str = "test"):
+    """(batched dataset of (images, {"detect": targets, "recon": images}), samples) of a split, in order."""
+    samples = [s for s in split_samples(cfg, split) if s.labeled]
+    if not samples:
+        raise DataError(f"{cfg.data.data_dir}/{split}: no labeled samples to evaluate")
+    stats = load_stats(stats_path(cfg))
+    dataset = _dataset(cfg, samples, stats, Distributed(None), cfg.train.seed, False)
+    return dataset.batch(cfg.data.batch_size).prefetch(AUTOTUNE), samples
+
+
+def true_boxes(cfg: DetectConfig, sample: Sample) -> list[np.ndarray]:
+    """The sample's true boxes per time step, (n, 5) in network pixels."""
+    window = cfg.model.time_steps if cfg.model.variant == "3d" else 1
+    with h5py.File(sample.path, "r") as f:
+        raw = f["boxes"][sample.index:sample.index + window]
+    return [read_boxes(b, cfg.data.box_columns) for b in raw]
+
+
+def check_data(cfg: DetectConfig) -> tuple[int, list[str]]:
+    def check_file(path):
+        info = inspect_file(path, cfg)
+        offset, scale = np.zeros(len(cfg.data.channels), np.float32), np.ones(len(cfg.data.channels), np.float32)
+        window = cfg.model.time_steps if cfg.model.variant == "3d" else 1
+        for index in range(0, info["count"] - window + 1, window):
+            read_sample(cfg, path, index, True, offset, scale)
+
+    checked, problems = check_split_files(cfg.data.data_dir, SPLITS, ("*.h5",), "detection", check_file)
+    try:
+        load_stats(stats_path(cfg))
+    except DataError as exc:
+        problems.append(str(exc))
+    return checked, problems
