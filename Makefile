@@ -17,7 +17,7 @@ STAMP := $(VENV)/.setup-complete
 JAX_VENV  ?= .venv-jax
 JAX_STAMP := $(JAX_VENV)/.setup-complete
 
-.PHONY: setup setup-jax demo demo-hep demo-climate test bench clean-runs setup-cluster
+.PHONY: setup setup-jax demo demo-hep demo-climate demo-detect test bench clean-runs setup-cluster
 
 setup: $(STAMP)
 
@@ -65,6 +65,17 @@ demo-climate: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
 	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_deeplab.yaml --output-dir runs/demo-deeplab
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-deeplab
+
+# The detection demos: synthetic ExtremeWeather-layout snapshots generated once into
+# data/detect-demo, then the semi-supervised run and its supervised baseline on 2 ranks.
+demo-detect: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_detect.yaml --output-dir runs/demo-detect
+	$(PY) -m climate_seg.evaluate --run-dir runs/demo-detect
+	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_detect_supervised.yaml \
+	    --output-dir runs/demo-detect-supervised
+	$(PY) -m climate_seg.evaluate --run-dir runs/demo-detect-supervised
 
 test: setup setup-jax
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
