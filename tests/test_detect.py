@@ -253,3 +253,21 @@ def test_tiny_two_rank_detection_train_and_evaluate(tmp_path):
         assert all(0.0 <= v <= 1.0 for v in metrics["ap"][key].values())
     assert (run / "boxes.png").stat().st_size > 10_000 and (run / "reconstruction.png").stat().st_size > 10_000
     assert "mAP@0.1" in result.stdout
+
+
+def test_tiny_3d_variant_trains_on_windows_and_evaluates(tmp_path):
+    run = tmp_path / "run"
+    overrides = {"data.data_dir": str(tmp_path / "data"), "data.grid": "[32, 48]", "data.synth.grid": "[32, 48]",
+                 "data.synth.n_train": "16", "data.synth.n_validation": "8", "data.synth.n_test": "8",
+                 "data.synth.samples_per_file": "8", "data.synth.unlabeled_every": "0", "data.batch_size": "2",
+                 "data.labeled_per_batch": "1", "data.labeled_fraction": "0.5", "model.variant": "3d",
+                 "model.time_steps": "2", "model.filters": "[4, 8]", "train.epochs": "1",
+                 "train.tensorboard": "false"}
+    args = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+    result = run_python(["-m", "climate_seg.train", "--config", "configs/climate_seg/demo_detect.yaml", "--output-dir",
+                         str(run), *args])
+    # 16 snapshots -> 8 windows of 2; half the labeled windows hidden: 4 labeled + 4 unlabeled.
+    assert "4 labeled and 4 unlabeled training samples" in result.stdout
+    run_python(["-m", "climate_seg.evaluate", "--run-dir", str(run)])
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["n_images"] == 8            # 4 test windows x 2 time steps, each with its own boxes
