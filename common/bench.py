@@ -167,6 +167,8 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as handle:
                 json.dump(result, handle, indent=2)
+    # No rank leaves while another still talks to it (a "connection reset" from Horovod's loop otherwise).
+    dist.barrier()
     return 0
 
 
