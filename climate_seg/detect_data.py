@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from climate_seg.boxes import TARGET_CHANNELS, encode
 from climate_seg.config import BOX_COLUMNS, DetectConfig
-from climate_seg.stats import RunningStats, load_stats
+from climate_seg.stats import load_stats
 from climate_seg.data import screened_split
 from common.data import Datasets, check_split_files, epoch_seed, steps_for
 from common.distributed import Distributed
@@ -137,17 +137,6 @@ def normalizer(cfg: DetectConfig, stats: dict) -> tuple[np.ndarray, np.ndarray]:
     else:
         offset, scale = stats["min"][index], stats["max"][index] - stats["min"][index]
     return offset.astype(np.float32), np.maximum(scale, 1e-12).astype(np.float32)
-
-
-def compute_detection_stats(files: list[str]) -> RunningStats:
-    """Per-channel statistics over ExtremeWeather files (the files' channel order)."""
-    total = RunningStats()
-    for path in files:
-        with h5py.File(path, "r") as f:
-            for start in range(0, len(f["images"]), 16):
-                images = np.transpose(f["images"][start:start + 16], (0, 2, 3, 1))
-                total = total.merge(RunningStats.of(images, np.zeros(images.shape[:3], np.int64)))
-    return total
 
 
 def stats_path(cfg: DetectConfig) -> pathlib.Path:

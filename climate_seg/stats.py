@@ -1,6 +1,6 @@
 """Per-channel statistics and class frequencies of a directory of training samples.
 
-    python -m climate_seg.stats DIR [--out DIR/../stats.h5]
+    python -m climate_seg.stats DIR [--out DIR/../stats.h5]      # segmentation samples or ExtremeWeather files
     horovodrun -np N python -m climate_seg.stats DIR      # each rank reads a share
 
 One streaming pass: each file adds its count, mean and sum of squared
@@ -81,15 +81,45 @@ def read_sample(path: str) -> tuple[np.ndarray, np.ndarray]:
     return data, labels.astype(np.int64)
 
 
+def file_stats(path: str) -> RunningStats:
+    """One file's statistics: a segmentation sample (``climate/data``) or an ExtremeWeather file
+    (``images`` (N, C, H, W), read 16 snapshots at a time; no pixel labels, so no class counts)."""
+    try:
+        with h5py.File(path, "r") as f:
+            if "images" in f:
+                images = f["images"]
+                if images.ndim != 4:
+                    raise DataError(f"{path}: images has shape {images.shape}, expected (N, C, H, W)")
+                total = RunningStats()
+                for start in range(0, images.shape[0], 16):
+                    block = np.transpose(images[start:start + 16], (0, 2, 3, 1))
+                    if not np.all(np.isfinite(block)):
+                        raise DataError(f"{path}: images[{start}:{start + 16}] hold NaN or Inf")
+                    total = total.merge(RunningStats.of(block, np.zeros(block.shape[:3], np.int64)))
+                total.class_counts[:] = 0
+                return total
+    except OSError as exc:
+        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+    data, labels = read_sample(path)
+    if not np.all(np.isfinite(data)):
+        raise DataError(f"{path}: climate/data holds NaN or Inf")
+    return RunningStats.of(data, labels)
+
+
+def is_extremeweather(path: str) -> bool:
+    try:
+        with h5py.File(path, "r") as f:
+            return "images" in f
+    except OSError:
+        return False
+
+
 def compute_stats(files: list[str], dist=None) -> RunningStats:
     """Statistics over ``files``; with ``dist``, each rank reads a share and all get the total."""
     rank, size = (dist.rank, dist.size) if dist is not None else (0, 1)
     partial = RunningStats()
     for path in files[rank::size]:
-        data, labels = read_sample(path)
-        if not np.all(np.isfinite(data)):
-            raise DataError(f"{path}: climate/data holds NaN or Inf")
-        partial = partial.merge(RunningStats.of(data, labels))
+        partial = partial.merge(file_stats(path))
     parts = dist.allgather_object(partial) if dist is not None and size > 1 else [partial]
     total = RunningStats()
     for part in parts:
@@ -142,7 +172,8 @@ def main(argv=None) -> int:
         stats = compute_stats(files, dist)
         out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory).resolve().parent / "stats.h5"
         if dist.is_root:
-            write_stats(out, stats)
+            # ExtremeWeather files keep their channels in alphabetical order.
+            write_stats(out, stats, sorted(CHANNELS) if is_extremeweather(files[0]) else CHANNELS)
             frequencies = stats.class_counts / max(stats.class_counts.sum(), 1)
             print(f"{len(files)} files, {stats.count} pixels over {dist.size} rank(s) -> {out}; class frequencies "
                   + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)), flush=True)

@@ -103,11 +103,11 @@ APPLICATION = Application(
 
 
 def _prepare_detection_data(cfg: DetectConfig) -> None:
-    from climate_seg.detect_data import compute_detection_stats, stats_path as detection_stats_path
+    from climate_seg.detect_data import stats_path as detection_stats_path
     from climate_seg.synth import generate_detection_dataset
 
     _prepare(cfg, lambda root: generate_detection_dataset(root, cfg.data.synth, progress=False),
-             "detection snapshots", compute_detection_stats, detection_stats_path(cfg), cfg.data.file_channels)
+             "detection snapshots", compute_stats, detection_stats_path(cfg), cfg.data.file_channels)
 
 
 def _build_detector(cfg: DetectConfig):

@@ -271,3 +271,20 @@ def test_tiny_3d_variant_trains_on_windows_and_evaluates(tmp_path):
     run_python(["-m", "climate_seg.evaluate", "--run-dir", str(run)])
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["n_images"] == 8            # 4 test windows x 2 time steps, each with its own boxes
+
+
+def test_stats_tool_reads_extremeweather_files(tmp_path):
+    rng = np.random.default_rng(9)
+    images = [rng.normal(loc=np.arange(16)[None, :, None, None], size=(n, 16, 8, 12)).astype(np.float32)
+              for n in (20, 7)]
+    (tmp_path / "train").mkdir()
+    for k, block in enumerate(images):
+        with h5py.File(tmp_path / "train" / f"year{k}.h5", "w") as f:
+            f["images"], f["boxes"] = block, np.full((len(block), 15, 5), -1.0, np.float32)
+    run_python(["-m", "climate_seg.stats", str(tmp_path / "train")])
+    pixels = np.concatenate([np.transpose(b, (0, 2, 3, 1)).reshape(-1, 16) for b in images]).astype(np.float64)
+    with h5py.File(tmp_path / "stats.h5") as f:
+        np.testing.assert_allclose(f["mean"][()], pixels.mean(axis=0), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(f["std"][()], pixels.std(axis=0), rtol=1e-9)
+        np.testing.assert_array_equal(f["max"][()], pixels.max(axis=0))
+        assert f.attrs["channels"].split(",") == list(EXTREMEWEATHER_CHANNELS)
