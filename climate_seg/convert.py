@@ -68,19 +68,22 @@ def _grid_of(nc: netCDF4.Dataset, path: str) -> tuple[int, int, int]:
 def _step_names(nc: netCDF4.Dataset, path: str, steps: int, member: int) -> list[str]:
     """``data-YYYY-MM-DD-HH-<member>`` from a CF time axis, else ``<stem>-tNNNN``."""
     time = nc.variables.get("time")
+    dates = None
     if time is not None and getattr(time, "units", None) and len(time) == steps:
         try:
             dates = netCDF4.num2date(time[:], time.units, getattr(time, "calendar", "standard"))
-            return [f"data-{d.year:04d}-{d.month:02d}-{d.day:02d}-{d.hour:02d}-{member}" for d in dates]
         except (ValueError, TypeError):
-            pass
+            dates = None   # units that are not CF dates: name the steps by index
+    if dates is not None:
+        return [f"data-{d.year:04d}-{d.month:02d}-{d.day:02d}-{d.hour:02d}-{member}" for d in dates]
     stem = pathlib.Path(path).stem
     return [f"{stem}-t{i:04d}" for i in range(steps)]
 
 
 def read_labels(path: str, variable: str, shape: tuple[int, int, int], data_path: str) -> np.ndarray:
     """Label masks (time, lat, lon) int32 from a netCDF or HDF5 file, checked against ``shape``."""
-    if h5py.is_hdf5(path) and not _is_netcdf4(path):
+    # netCDF-4 variables are HDF5 datasets of the same name: h5py reads any HDF5 file, netCDF4 the classic formats.
+    if h5py.is_hdf5(path):
         with h5py.File(path, "r") as f:
             if variable not in f:
                 raise DataError(f"{path}: no label variable {variable!r} (--labels-var)")
@@ -100,16 +103,6 @@ def read_labels(path: str, variable: str, shape: tuple[int, int, int], data_path
         raise DataError(f"{path}: label variable {variable} holds values {bad} outside 0-{len(CLASS_NAMES) - 1} "
                         f"({', '.join(CLASS_NAMES)})")
     return labels.astype(np.int32)
-
-
-def _is_netcdf4(path: str) -> bool:
-    """netCDF-4 files are HDF5 files too; they carry netCDF's dimension scales."""
-    try:
-        with h5py.File(path, "r") as f:
-            return any("_Netcdf4Dimid" in f[k].attrs or "_Netcdf4Coordinates" in f[k].attrs
-                       for k in f if isinstance(f[k], h5py.Dataset))
-    except OSError:
-        return False
 
 
 def write_sample(path: pathlib.Path, data: np.ndarray, labels: np.ndarray) -> None:
