@@ -158,23 +158,12 @@ def application_for(config_path) -> Application:
     return APPLICATION
 
 
-def _config_argument(argv) -> str | None:
-    import sys
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    for i, arg in enumerate(args):
-        if arg == "--config" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    return str(APPLICATION.default_config)
-
-
 def main(argv=None) -> int:
-    from common.cli import exit_on_user_error
+    from common.cli import exit_on_user_error, train_parser
 
     with exit_on_user_error():
-        app = application_for(_config_argument(argv))
+        # The engine's own parser reads --config (default: the segmentation demo); then the config picks the app.
+        app = application_for(train_parser(APPLICATION).parse_args(argv).config)
     return run_train(app, argv)
 
 
