@@ -10,7 +10,7 @@ pydantic and pyyaml.  It measures the backend's matmul peak at the run's
 precision, then times training steps on an in-memory random batch for each
 app's full-size config (CosmoFlow 128^3 x 4, HEP-224, Tiramisu and
 DeepLabv3+ at 768 x 1152 x 16) and prints samples/s, achieved FLOP/s
-(3 x the forward FLOPs, counted from the layers as common.flops does) and the
+(3 x the forward FLOPs of common.flops, which needs no TensorFlow) and the
 ratio to the measured peak, saying which backend (and XLA setting) ran.
 ``--tiny`` runs small shapes (the CPU test in tests/test_backends.py).
 The last line is JSON.  The mark on a GPU: about 209 CosmoFlow training
@@ -33,6 +33,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from common.config import load_config  # noqa: E402
+from common.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample  # noqa: E402
 
 # app -> (config, overrides at --tiny, loss builder)
 APPS = {
@@ -75,22 +76,6 @@ def build(app: str, tiny: bool, batch: int | None):
         y = rng.integers(0, 3, (cfg.data.batch_size, *cfg.data.input_shape[:2])).astype("int32")
     x = rng.normal(size=(cfg.data.batch_size, *network.input_shape[1:])).astype("float32")
     return network, loss, x, y, cfg.data.batch_size
-
-
-def forward_flops(network) -> float:
-    """2 FLOP per multiply-add of conv and dense layers (the convention of common.flops)."""
-    total = 0.0
-    for layer in network.layers:
-        kernel = getattr(layer, "kernel", None)
-        if kernel is None or not hasattr(layer, "output"):
-            continue
-        if isinstance(layer, keras.layers.Dense):
-            total += 2.0 * int(np.prod(kernel.shape))
-        elif "Transpose" in type(layer).__name__:
-            total += 2.0 * int(np.prod(layer.input.shape[1:-1])) * int(np.prod(kernel.shape))
-        elif isinstance(layer, keras.layers.Layer) and "Conv" in type(layer).__name__:
-            total += 2.0 * int(np.prod(layer.output.shape[1:-1])) * int(np.prod(kernel.shape))
-    return total
 
 
 def _wait(tensor) -> None:
@@ -143,8 +128,10 @@ def main(argv=None) -> int:
             keras.utils.set_random_seed(0)
             network, loss, x, y, batch = build(app, args.tiny, args.batch_size)
             seconds, last_loss = time_training(network, loss, x, y, args.steps, jit)
-            flops = 3 * forward_flops(network) * batch / seconds
+            forward = forward_flops_per_sample(network)
+            flops = TRAINING_FLOPS_FACTOR * forward * batch / seconds
             row = {"app": app, "backend": backend, "jit_compile": jit, "batch": batch,
+                   "forward_flops_per_sample": forward,
                    "samples_per_second": batch / seconds, "flops_per_second": flops,
                    "ratio_to_peak": flops / peak, "loss": last_loss, "output_dtype": str(network.output.dtype)}
             results.append(row)

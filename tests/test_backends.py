@@ -14,7 +14,9 @@ from tests.conftest import REPO
 JAX_PYTHON = REPO / ".venv-jax" / "bin" / "python"
 
 
-def test_every_app_trains_under_jax_without_tensorflow():
+@pytest.fixture(scope="module")
+def jax_report() -> dict:
+    """scripts/backend_bench.py --tiny run in .venv-jax (Keras on JAX, no TensorFlow)."""
     assert JAX_PYTHON.is_file(), f"{JAX_PYTHON} missing: make setup-jax (make test does it)"
     env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)}
     check = subprocess.run([str(JAX_PYTHON), "-c", "import tensorflow"], capture_output=True, env=env)
@@ -22,7 +24,11 @@ def test_every_app_trains_under_jax_without_tensorflow():
     result = subprocess.run([str(JAX_PYTHON), str(REPO / "scripts" / "backend_bench.py"), "--tiny", "--steps", "1"],
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_every_app_trains_under_jax_without_tensorflow(jax_report):
+    report = jax_report
     assert report["backend"] == "jax" and report["precision"] == "mixed_bfloat16"
     assert [r["app"] for r in report["results"]] == ["cosmoflow", "hep_cnn_224", "tiramisu", "deeplab"]
     for row in report["results"]:
@@ -31,11 +37,12 @@ def test_every_app_trains_under_jax_without_tensorflow():
 
 
 @pytest.mark.parametrize("app", ["cosmoflow", "hep_cnn_224", "tiramisu", "deeplab"])
-def test_backend_bench_flop_count_equals_the_engine_counter(app):
+def test_flop_count_under_jax_equals_the_count_under_tensorflow(jax_report, app):
     sys.path.insert(0, str(REPO / "scripts"))
     import backend_bench
 
     from common.flops import forward_flops_per_sample
 
     network, *_ = backend_bench.build(app, tiny=True, batch=None)
-    assert backend_bench.forward_flops(network) == pytest.approx(forward_flops_per_sample(network), rel=1e-9)
+    row = next(r for r in jax_report["results"] if r["app"] == app)
+    assert row["forward_flops_per_sample"] == pytest.approx(forward_flops_per_sample(network), rel=1e-9)
