@@ -41,12 +41,14 @@ class RunningStats:
     class_counts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(CLASS_NAMES), np.int64))
 
     @classmethod
-    def of(cls, data: np.ndarray, labels: np.ndarray) -> "RunningStats":
+    def of(cls, data: np.ndarray, labels: np.ndarray | None = None) -> "RunningStats":
+        """Statistics of ``data`` (..., channels); class counts from pixel ``labels`` when there are any."""
         pixels = data.reshape(-1, data.shape[-1]).astype(np.float64)
         mean = pixels.mean(axis=0)
+        counts = np.zeros(len(CLASS_NAMES), np.int64) if labels is None else \
+            np.bincount(labels.reshape(-1), minlength=len(CLASS_NAMES)).astype(np.int64)
         return cls(count=len(pixels), mean=mean, m2=((pixels - mean) ** 2).sum(axis=0),
-                   minimum=pixels.min(axis=0), maximum=pixels.max(axis=0),
-                   class_counts=np.bincount(labels.reshape(-1), minlength=len(CLASS_NAMES)).astype(np.int64))
+                   minimum=pixels.min(axis=0), maximum=pixels.max(axis=0), class_counts=counts)
 
     def merge(self, other: "RunningStats") -> "RunningStats":
         if other.count == 0:
@@ -95,8 +97,7 @@ def file_stats(path: str) -> RunningStats:
                     block = np.transpose(images[start:start + 16], (0, 2, 3, 1))
                     if not np.all(np.isfinite(block)):
                         raise DataError(f"{path}: images[{start}:{start + 16}] hold NaN or Inf")
-                    total = total.merge(RunningStats.of(block, np.zeros(block.shape[:3], np.int64)))
-                total.class_counts[:] = 0
+                    total = total.merge(RunningStats.of(block))
                 return total
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
