@@ -35,6 +35,7 @@ import keras
 from keras import layers
 
 from climate_seg.config import DeeplabSection
+from common.layers import DilatedConv2D, FusedBatchNormalization
 
 STEM_STRIDE = 4
 
@@ -44,9 +45,9 @@ class _Builder:
         self.regularizer = keras.regularizers.L2(weight_decay) if weight_decay > 0 else None
 
     def conv(self, x, filters, kernel, name, strides=1, dilation=1, use_bias=False):
-        return layers.Conv2D(filters, kernel, strides=strides, dilation_rate=dilation, padding="same",
-                             use_bias=use_bias, kernel_initializer="he_uniform", kernel_regularizer=self.regularizer,
-                             name=name)(x)
+        conv = DilatedConv2D if dilation > 1 else layers.Conv2D
+        return conv(filters, kernel, strides=strides, dilation_rate=dilation, padding="same", use_bias=use_bias,
+                    kernel_initializer="he_uniform", kernel_regularizer=self.regularizer, name=name)(x)
 
     def deconv(self, x, filters, strides, name):
         return layers.Conv2DTranspose(filters, 2 * strides, strides=strides, padding="same", use_bias=False,
@@ -55,7 +56,7 @@ class _Builder:
 
     @staticmethod
     def bn_relu(x, name):
-        x = layers.BatchNormalization(name=f"{name}_bn")(x)
+        x = FusedBatchNormalization(name=f"{name}_bn")(x)
         return layers.ReLU(name=f"{name}_relu")(x)
 
     def conv_bn_relu(self, x, filters, kernel, name, dilation=1):

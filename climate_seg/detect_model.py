@@ -25,6 +25,7 @@ from keras import layers, ops
 
 from climate_seg.boxes import DETECTION_CLASSES
 from climate_seg.config import DetectConfig
+from common.layers import FusedBatchNormalization
 
 HEAD_CHANNELS = 2 + len(DETECTION_CLASSES) + 4
 
@@ -50,7 +51,7 @@ def build_detector(cfg: DetectConfig) -> keras.Model:
     for i, filters in enumerate(m.filters):
         x = conv(filters, kernel, strides=strides, name=f"encoder{i + 1}", **common)(x)
         if i == len(m.filters) - 1 and m.bottleneck_batch_norm:
-            x = layers.BatchNormalization(name="bottleneck_bn")(x)
+            x = FusedBatchNormalization(name="bottleneck_bn")(x)
         x = layers.LeakyReLU(negative_slope=m.leaky_relu_slope, name=f"encoder{i + 1}_act")(x)
     bottleneck = x
 

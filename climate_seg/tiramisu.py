@@ -22,6 +22,7 @@ import keras
 from keras import layers
 
 from climate_seg.config import TiramisuSection
+from common.layers import FusedBatchNormalization
 
 
 class _Builder:
@@ -35,7 +36,7 @@ class _Builder:
 
     def preact(self, x, name):
         if self.cfg.batch_norm:
-            x = layers.BatchNormalization(name=f"{name}_bn")(x)
+            x = FusedBatchNormalization(name=f"{name}_bn")(x)
         return layers.ReLU(name=f"{name}_relu")(x)
 
     def dropout(self, x, name):

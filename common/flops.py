@@ -8,6 +8,12 @@ convention is kept because it is the one published figures use.
 
 The counter is cross-checked against TensorFlow's profiler in the tests
 (the profiler also counts bias adds, 1 FLOP per output element).
+
+``inside_only=True`` counts, for "same"-padded convolutions, only the kernel
+taps that land inside the input: the work a kernel that skips zero padding
+(oneDNN's do) must do.  The two differ little for ordinary convolutions and a
+lot for atrous ones whose rate nears the feature-map size (DeepLab's ASPP
+rates 24 and 36 on a 24x36 map: most taps are padding).
 """
 
 from __future__ import annotations
@@ -34,28 +40,54 @@ def _shape_of(tensor):
     return tuple(tensor.shape)
 
 
-def layer_multiply_adds(layer, input_shape, output_shape) -> int:
-    """Multiply-adds of one call of ``layer`` per sample (0 for layers we do not count)."""
-    kind = type(layer).__name__
+_COUNTED = {"Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose",
+            "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D", "Dense"}
+
+
+def _taps_inside(in_size: int, out_size: int, kernel: int, stride: int, dilation: int) -> int:
+    """Sum over the outputs of one "same"-padded axis of the kernel taps that read inside the input."""
+    pad_before = max((out_size - 1) * stride + (kernel - 1) * dilation + 1 - in_size, 0) // 2
+    return sum(1 for o in range(out_size) for j in range(kernel)
+               if 0 <= o * stride - pad_before + j * dilation < in_size)
+
+
+def _positions_times_taps(layer, input_shape, output_shape, data_format: str, inside_only: bool) -> int:
+    """Output positions x kernel taps of a (depthwise/separable) convolution, all taps or only those inside."""
+    out_spatial, _ = _spatial(output_shape, data_format)
+    in_spatial, _ = _spatial(input_shape, data_format)
+    if not inside_only or getattr(layer, "padding", "valid") != "same" or None in in_spatial:
+        return math.prod(out_spatial) * math.prod(layer.kernel_size)
+    dilations = getattr(layer, "dilation_rate", (1,) * len(out_spatial))
+    return math.prod(_taps_inside(n_in, n_out, k, s, d) for n_in, n_out, k, s, d in
+                     zip(in_spatial, out_spatial, layer.kernel_size, layer.strides, dilations))
+
+
+def layer_multiply_adds(layer, input_shape, output_shape, inside_only: bool = False) -> int:
+    """Multiply-adds of one call of ``layer`` per sample (0 for layers we do not count).
+
+    ``inside_only``: count only the kernel taps of "same" padding that land inside the input."""
+    # A subclass (e.g. common.layers.DilatedConv2D) counts as the Keras layer it extends.
+    kind = next((cls.__name__ for cls in type(layer).__mro__ if cls.__name__ in _COUNTED), type(layer).__name__)
     data_format = getattr(layer, "data_format", "channels_last")
     if kind in ("Conv1D", "Conv2D", "Conv3D"):
         out_spatial, out_channels = _spatial(output_shape, data_format)
         _, in_channels = _spatial(input_shape, data_format)
         groups = getattr(layer, "groups", 1) or 1
-        return math.prod(out_spatial) * out_channels * math.prod(layer.kernel_size) * (in_channels // groups)
+        taps = _positions_times_taps(layer, input_shape, output_shape, data_format, inside_only)
+        return taps * out_channels * (in_channels // groups)
     if kind in ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"):
         in_spatial, in_channels = _spatial(input_shape, data_format)
         _, out_channels = _spatial(output_shape, data_format)
         return math.prod(in_spatial) * in_channels * math.prod(layer.kernel_size) * out_channels
     if kind in ("DepthwiseConv1D", "DepthwiseConv2D"):
-        out_spatial, out_channels = _spatial(output_shape, data_format)
-        return math.prod(out_spatial) * out_channels * math.prod(layer.kernel_size)
+        _, out_channels = _spatial(output_shape, data_format)
+        return _positions_times_taps(layer, input_shape, output_shape, data_format, inside_only) * out_channels
     if kind in ("SeparableConv1D", "SeparableConv2D"):
         out_spatial, out_channels = _spatial(output_shape, data_format)
         _, in_channels = _spatial(input_shape, data_format)
         depthwise_channels = in_channels * layer.depth_multiplier
-        return (math.prod(out_spatial) * depthwise_channels * math.prod(layer.kernel_size)
-                + math.prod(out_spatial) * depthwise_channels * out_channels)
+        taps = _positions_times_taps(layer, input_shape, output_shape, data_format, inside_only)
+        return taps * depthwise_channels + math.prod(out_spatial) * depthwise_channels * out_channels
     if kind == "Dense":
         in_features = input_shape[-1]
         return math.prod(tuple(output_shape)[1:-1]) * in_features * layer.units
@@ -76,9 +108,11 @@ def _iter_calls(model):
             yield layer, _shape_of(inputs[0]), _shape_of(outputs[0])
 
 
-def forward_flops_per_sample(model) -> int:
-    """Forward FLOPs for one sample of a built functional model (2 x multiply-adds)."""
-    return 2 * sum(layer_multiply_adds(layer, i, o) for layer, i, o in _iter_calls(model))
+def forward_flops_per_sample(model, inside_only: bool = False) -> int:
+    """Forward FLOPs for one sample of a built functional model (2 x multiply-adds).
+
+    ``inside_only``: leave out the taps of "same" padding that read zeros (see the module doc)."""
+    return 2 * sum(layer_multiply_adds(layer, i, o, inside_only) for layer, i, o in _iter_calls(model))
 
 
 def measure_matmul_flops(dtype: str = "float32", size: int = 2048, seconds: float = 2.0) -> float:

@@ -12,7 +12,8 @@ def load_run(run_dir, schema, data_dir: str | None = None):
     """(resolved config, trained network) of a run; ``data_dir`` points it at other data."""
     import keras
 
-    import common.optimizers  # noqa: F401  (registers the project's custom objects)
+    import common.layers  # noqa: F401  (registers the project's custom objects)
+    import common.optimizers  # noqa: F401
     import common.schedules  # noqa: F401
 
     run_dir = pathlib.Path(run_dir)

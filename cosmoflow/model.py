@@ -16,6 +16,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from common.layers import FusedBatchNormalization
 from cosmoflow.config import CosmoflowConfig
 
 
@@ -28,7 +29,7 @@ def build_model(cfg: CosmoflowConfig) -> keras.Model:
         filters = m.base_filters * m.filter_multiplier ** i
         x = layers.Conv3D(filters, m.kernel_size, padding=m.padding, use_bias=True, name=f"conv{i + 1}")(x)
         if m.batch_norm:
-            x = layers.BatchNormalization(momentum=m.batch_norm_momentum, name=f"batch_normalization{i + 1}")(x)
+            x = FusedBatchNormalization(momentum=m.batch_norm_momentum, name=f"batch_normalization{i + 1}")(x)
         x = layers.LeakyReLU(negative_slope=m.leaky_relu_slope, name=f"conv{i + 1}_act")(x)
         x = layers.MaxPooling3D(m.pool_size, name=f"pool{i + 1}")(x)
     x = layers.Flatten(name="flatten")(x)

@@ -1,12 +1,14 @@
 """The layer FLOP counter against TensorFlow's own profiler, and the MLPerf anchors."""
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 from keras import layers
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from common.config import load_config
+from common.layers import DilatedConv2D
 from common.flops import forward_flops_per_sample, layer_multiply_adds
 from conftest import REPO
 
@@ -47,6 +49,9 @@ CASES = {
                                                      layers.SeparableConv2D(10, 3, padding="same")]),
     "transpose": lambda: keras.Sequential([keras.Input((8, 8, 6)), layers.Conv2DTranspose(4, 3, strides=2, padding="same"),
                                            layers.Conv2DTranspose(3, 2, strides=2, padding="valid")]),
+    "dilated_native": lambda: keras.Sequential([keras.Input((20, 18, 4)),
+                                                DilatedConv2D(6, 3, dilation_rate=3, padding="same"),
+                                                DilatedConv2D(2, 3, dilation_rate=(2, 5), use_bias=False)]),
     "dense_sequence": lambda: keras.Sequential([keras.Input((5, 11)), layers.Dense(13), layers.Dense(2, use_bias=False)]),
 }
 
@@ -78,3 +83,30 @@ def test_mlperf_network_anchors():
     model = build_model(cfg)
     assert model.count_params() == 8_907_556
     assert round(forward_flops_per_sample(model) / 1e9, 2) == 68.86
+
+
+@pytest.mark.parametrize("rank,size,kernel,stride,dilation", [
+    (1, (11,), 5, 1, 1), (1, (11,), 3, 2, 1), (1, (10,), 3, 1, 4),
+    (2, (9, 14), 3, 1, 12), (2, (8, 7), 4, 2, 1), (2, (24, 36), 3, 1, 36),
+    (3, (6, 5, 7), 3, 1, 2), (3, (9, 8, 6), 3, 2, 1),
+])
+def test_inside_only_count_equals_a_convolution_of_ones(rank, size, kernel, stride, dilation):
+    # Independent reference: convolving an all-ones 1-channel input with an all-ones kernel under "same"
+    # padding gives, at each output, the number of taps that land inside the input.
+    conv = {1: layers.Conv1D, 2: layers.Conv2D, 3: layers.Conv3D}[rank]
+    layer = conv(1, kernel, strides=stride, dilation_rate=dilation, padding="same", use_bias=False,
+                 kernel_initializer="ones")
+    model = keras.Sequential([keras.Input((*size, 1)), layer])
+    ones = np.ones((1, *size, 1), "float32")
+    reference = int(round(float(np.sum(model(ones).numpy()))))
+    assert forward_flops_per_sample(model, inside_only=True) == 2 * reference
+    full = forward_flops_per_sample(model)
+    assert full == 2 * int(np.prod(model.output_shape[1:])) * kernel ** rank
+    assert reference <= full // 2
+
+
+def test_inside_only_leaves_valid_convolutions_and_transposes_whole():
+    model = CASES["transpose"]()
+    assert forward_flops_per_sample(model, inside_only=True) == forward_flops_per_sample(model)
+    valid = keras.Sequential([keras.Input((12, 12, 3)), layers.Conv2D(4, 3, dilation_rate=2)])
+    assert forward_flops_per_sample(valid, inside_only=True) == forward_flops_per_sample(valid)

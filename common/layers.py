@@ -1,0 +1,79 @@
+"""Keras layers with a faster path on one backend, same maths and weights everywhere.
+
+``FusedBatchNormalization`` is ``keras.layers.BatchNormalization``.  Keras 3
+trains batch norm as separate ops (cast to float32, moments, normalise, and
+their gradients: Mean, SquaredDifference, Tile, Sum, Mul...); on TensorFlow
+this layer runs one FusedBatchNormV3 kernel forward and one backward, with the
+same statistics (the moving variance gets the same biased batch variance Keras
+uses).  Measured here on a 1x192x288x256 activation, forward + backward: bf16
+43.7 ms fused vs 115.3 ms Keras, fp32 42.9 vs 97.6 ms.  5D inputs are folded
+to 4D (the statistics are per channel over all other axes either way).
+Masks, renorm, synchronized statistics and other backends take Keras's path.
+
+``DilatedConv2D`` is ``keras.layers.Conv2D``.  On TensorFlow, Keras calls
+``tf.nn.convolution``, which runs a dilated convolution as SpaceToBatchND +
+dense convolution + BatchToSpaceND; oneDNN (CPU) and cuDNN (GPU) have native
+dilated kernels that ``tf.nn.conv2d`` reaches directly.  Measured here (2-core
+Zen 4, bf16, one 3x3 2048->256 convolution, forward + both gradients): rate 36
+on a 96x144 map 0.95 s native vs 2.50 s space-to-batch; rate 12 1.16 vs 1.36 s;
+rate 36 on a 24x36 map 0.055 vs 1.08 s.  Other backends, and strided
+convolutions (which TensorFlow cannot dilate), take Keras's own path.
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="common")
+class DilatedConv2D(keras.layers.Conv2D):
+    """``keras.layers.Conv2D`` whose dilated convolution is one native kernel on TensorFlow."""
+
+    def convolution_op(self, inputs, kernel):
+        native = (keras.backend.backend() == "tensorflow" and max(self.dilation_rate) > 1
+                  and max(self.strides) == 1 and self.groups == 1 and self.data_format == "channels_last")
+        if not native:
+            return super().convolution_op(inputs, kernel)
+        import tensorflow as tf
+
+        return tf.nn.conv2d(inputs, kernel, strides=1, padding=self.padding.upper(),
+                            dilations=list(self.dilation_rate))
+
+
+# FusedBatchNormV3 clamps epsilon below this.
+_FUSED_MIN_EPSILON = 1.001e-5
+
+
+@keras.saving.register_keras_serializable(package="common")
+class FusedBatchNormalization(keras.layers.BatchNormalization):
+    """``keras.layers.BatchNormalization`` trained with TensorFlow's fused kernel where it applies."""
+
+    def _fused_applies(self, inputs, training, mask) -> bool:
+        rank = len(inputs.shape)
+        return (keras.backend.backend() == "tensorflow" and bool(training) and self.trainable and mask is None
+                and not self.renorm and not self.synchronized and rank in (4, 5)
+                and self.axis in (-1, rank - 1) and self.epsilon >= _FUSED_MIN_EPSILON)
+
+    def call(self, inputs, training=None, mask=None):
+        if not self._fused_applies(inputs, training, mask):
+            return super().call(inputs, training=training, mask=mask)
+        import tensorflow as tf
+
+        channels = inputs.shape[-1]
+        shape = tf.shape(inputs)
+        x = inputs if inputs.dtype in (tf.float32, tf.bfloat16, tf.float16) else tf.cast(inputs, tf.float32)
+        if len(inputs.shape) == 5:  # (N, D, H, W, C) -> (N, D*H, W, C): same per-channel statistics
+            x = tf.reshape(x, tf.stack([shape[0], shape[1] * shape[2], shape[3], channels]))
+        gamma = tf.cast(self.gamma, tf.float32) if self.scale else tf.ones([channels], tf.float32)
+        beta = tf.cast(self.beta, tf.float32) if self.center else tf.zeros([channels], tf.float32)
+        y, mean, variance, *_ = tf.raw_ops.FusedBatchNormV3(
+            x=x, scale=gamma, offset=beta, mean=tf.zeros([0], tf.float32), variance=tf.zeros([0], tf.float32),
+            epsilon=self.epsilon, data_format="NHWC", is_training=True)
+        # The kernel returns the unbiased (n / (n - 1)) variance; Keras tracks the biased one.
+        count = tf.cast(tf.size(x) // channels, tf.float32)
+        variance = variance * tf.maximum(count - 1.0, 0.0) / tf.maximum(count, 1.0)
+        self.moving_mean.assign(self.moving_mean * self.momentum + mean * (1.0 - self.momentum))
+        self.moving_variance.assign(self.moving_variance * self.momentum + variance * (1.0 - self.momentum))
+        if len(inputs.shape) == 5:
+            y = tf.reshape(y, shape)
+        return tf.cast(y, self.compute_dtype)

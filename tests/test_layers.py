@@ -1,0 +1,125 @@
+"""The fast-path layers against the Keras layers they replace: same outputs, gradients, statistics, weights."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common.layers import DilatedConv2D, FusedBatchNormalization
+
+
+@pytest.fixture
+def policy(request):
+    keras.mixed_precision.set_global_policy(request.param)
+    yield request.param
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def training_graph_ops(layer, spec) -> set:
+    """Op types of a traced training step (forward + gradient of every weight) through ``layer``."""
+    layer.build(spec.shape)
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x, training=True) ** 2)
+        return tape.gradient(loss, layer.trainable_weights)
+
+    concrete = tf.function(step).get_concrete_function(spec)
+    ops = {op.type for op in concrete.graph.get_operations()}
+    for function in concrete.graph._functions.values():  # gradient functions
+        ops |= {node.op for node in function.definition.node_def}
+    return ops
+
+
+def forward_and_gradients(layer, x, training=True):
+    x = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x, training=training)
+        y = tf.cast(y, tf.float32)
+        probe = tf.cos(tf.reshape(tf.range(tf.size(y), dtype=tf.float32), tf.shape(y)))  # a fixed non-trivial dL/dy
+        loss = tf.reduce_sum(y * probe)
+    grads = tape.gradient(loss, [x] + layer.trainable_weights)
+    return [np.asarray(tf.cast(t, tf.float32)) for t in [y] + grads]
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"], indirect=True)
+@pytest.mark.parametrize("rate,padding", [(2, "same"), (5, "same"), (3, "valid"), ((2, 4), "same")])
+def test_dilated_conv_equals_keras_conv(policy, rate, padding):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 9, 13, 3)).astype("float32")
+    ours, theirs = (cls(4, 3, dilation_rate=rate, padding=padding) for cls in (DilatedConv2D, keras.layers.Conv2D))
+    ours.build(x.shape)
+    theirs.build(x.shape)
+    theirs.set_weights(ours.get_weights())
+    tolerance = 1e-5 if policy == "float32" else 5e-2
+    for a, b in zip(forward_and_gradients(ours, x), forward_and_gradients(theirs, x)):
+        np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * np.abs(b).max())
+
+
+def test_dilated_conv_is_one_native_kernel():
+    spec = tf.TensorSpec((1, 24, 36, 8), tf.float32)
+    ours = training_graph_ops(DilatedConv2D(4, 3, dilation_rate=12, padding="same"), spec)
+    theirs = training_graph_ops(keras.layers.Conv2D(4, 3, dilation_rate=12, padding="same"), spec)
+    assert "SpaceToBatchND" in theirs  # what Keras does on TensorFlow, and the reason for the layer
+    assert "SpaceToBatchND" not in ours and "BatchToSpaceND" not in ours
+    assert "Conv2DBackpropFilter" in ours
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"], indirect=True)
+@pytest.mark.parametrize("shape", [(3, 7, 9, 5), (2, 3, 4, 5, 6)])
+def test_fused_batch_norm_equals_keras_batch_norm(policy, shape):
+    rng = np.random.default_rng(2)
+    ours = FusedBatchNormalization(momentum=0.8)
+    theirs = keras.layers.BatchNormalization(momentum=0.8)
+    for layer in (ours, theirs):
+        layer.build(shape)
+        layer.gamma.assign(np.linspace(0.5, 2.0, shape[-1]))
+        layer.beta.assign(np.linspace(-1.0, 1.0, shape[-1]))
+    tolerance = 1e-5 if policy == "float32" else 2e-2
+    for step in range(3):
+        x = rng.normal(2.0, 3.0, size=shape).astype("float32")
+        for a, b in zip(forward_and_gradients(ours, x), forward_and_gradients(theirs, x)):
+            np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * np.abs(b).max())
+    # Moving statistics after three updates.
+    np.testing.assert_allclose(ours.moving_mean.numpy(), theirs.moving_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.moving_variance.numpy(), theirs.moving_variance.numpy(), rtol=1e-5)
+    x = rng.normal(size=shape).astype("float32")
+    np.testing.assert_allclose(forward_and_gradients(ours, x, training=False)[0],
+                               forward_and_gradients(theirs, x, training=False)[0], rtol=tolerance,
+                               atol=tolerance)
+
+
+def test_fused_batch_norm_moving_statistics_against_numpy():
+    rng = np.random.default_rng(3)
+    layer = FusedBatchNormalization(momentum=0.5)
+    x = rng.normal(1.0, 2.0, size=(4, 6, 5, 3)).astype("float32")
+    layer(x, training=True)
+    mean, variance = x.reshape(-1, 3).mean(0), x.reshape(-1, 3).var(0)  # biased, as Keras tracks it
+    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.5 * mean, rtol=1e-5)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), 0.5 + 0.5 * variance, rtol=1e-5)
+
+
+def test_fused_batch_norm_runs_the_fused_kernel_and_falls_back_where_it_cannot():
+    spec = tf.TensorSpec((2, 8, 8, 4), tf.float32)
+    fused = training_graph_ops(FusedBatchNormalization(), spec)
+    assert "FusedBatchNormV3" in fused and "FusedBatchNormGradV3" in fused
+    tiny_epsilon = training_graph_ops(FusedBatchNormalization(epsilon=1e-6), spec)  # below the kernel's minimum
+    assert "FusedBatchNormV3" not in tiny_epsilon
+
+
+def test_models_with_the_layers_save_and_load(tmp_path):
+    import common.runs  # noqa: F401  (what the evaluation entry points import before loading)
+
+    inputs = keras.Input((12, 12, 3))
+    x = DilatedConv2D(5, 3, dilation_rate=2, padding="same", name="atrous")(inputs)
+    x = FusedBatchNormalization(momentum=0.7, name="bn")(x)
+    model = keras.Model(inputs, x)
+    model(np.ones((2, 12, 12, 3), "float32"), training=True)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert type(loaded.get_layer("atrous")) is DilatedConv2D
+    assert type(loaded.get_layer("bn")) is FusedBatchNormalization
+    assert loaded.get_layer("bn").momentum == 0.7
+    probe = np.random.default_rng(4).normal(size=(1, 12, 12, 3)).astype("float32")
+    np.testing.assert_array_equal(loaded(probe).numpy(), model(probe).numpy())
