@@ -10,13 +10,21 @@ Four measurements, each after warm-up steps:
    bf16 (the ceilings);
 2. compute: training steps on one batch held in memory (no I/O): samples/s,
    achieved FLOP/s (forward FLOPs x 3) and the ratio to the peak of the
-   precision used;
+   precision used; also that ratio for the FLOPs of the kernel taps that land
+   inside the input (``ratio_to_peak_inside``: zero padding left out, which is
+   what kernels that skip it execute; far lower for atrous convolutions whose
+   rate nears the map size);
 3. input: the application's tf.data pipeline alone, reading the configured
    files: samples/s and its ratio to the compute rate;
 4. end to end: training steps fed by that pipeline: samples/s and ratio to compute.
 
 With several ranks, samples/s and FLOP/s are global (summed over ranks) and
 peaks are summed likewise.
+
+``--profile DIR`` also traces a few compute steps with TensorFlow's profiler
+(trace in DIR, viewable in TensorBoard) and prints where the time went by op
+type and by op: how the slow atrous convolutions and unfused batch norms of
+the climate networks were found.
 """
 
 from __future__ import annotations
@@ -53,7 +61,53 @@ def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> fl
     return float(history.history["samples_per_second"][-1])
 
 
-def run(application, cfg, dist, steps: int, warmup: int = 3) -> dict:
+def op_profile(model, dataset, steps: int, logdir: str, top: int = 12) -> dict:
+    """Self time of ``steps`` training steps by op type and by op, from a TensorFlow profiler trace."""
+    import collections
+    import glob
+    import shutil
+
+    import tensorflow as tf
+    from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
+
+    shutil.rmtree(logdir, ignore_errors=True)
+    tf.profiler.experimental.start(logdir)
+    try:
+        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+    finally:
+        tf.profiler.experimental.stop()
+    paths = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
+    data, ok = _pywrap_profiler_plugin.xspace_to_tools_data(paths, "framework_op_stats", {})
+    if not ok:
+        raise RuntimeError(f"the profiler could not summarise {paths}: {data[:200]!r}")
+    table = json.loads(data)[0]
+    columns = [column["id"] for column in table["cols"]]
+    rows = [dict(zip(columns, [cell.get("v") if isinstance(cell, dict) else cell for cell in row["c"]]))
+            for row in table["rows"]]
+    rows = [row for row in rows if row["type"] != "IDLE"]
+    by_type = collections.Counter()
+    for row in rows:
+        by_type[row["type"]] += row["total_self_time"]
+    busy = sum(by_type.values()) or 1.0
+    rows.sort(key=lambda row: -row["total_self_time"])
+    to_ms = 1e-3 / steps  # microseconds over all steps -> ms per step
+    return {"steps": steps, "busy_ms_per_step": busy * to_ms,
+            "by_type": [{"type": kind, "ms_per_step": t * to_ms, "share": t / busy}
+                        for kind, t in by_type.most_common(top)],
+            "by_op": [{"op": row["operation"], "type": row["type"], "ms_per_step": row["total_self_time"] * to_ms,
+                       "share": row["total_self_time"] / busy} for row in rows[:top]]}
+
+
+def profile_table(profile: dict) -> str:
+    lines = [f"  profile ({profile['steps']} steps; self time summed over threads, "
+             f"{profile['busy_ms_per_step']:.1f} ms busy per step)"]
+    lines += [f"    {row['share']:6.1%} {row['ms_per_step']:9.2f} ms  {row['type']}" for row in profile["by_type"]]
+    lines.append("  top ops")
+    lines += [f"    {row['share']:6.1%} {row['ms_per_step']:9.2f} ms  {row['op'][-100:]}" for row in profile["by_op"]]
+    return "\n".join(lines)
+
+
+def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | None = None) -> dict:
     import tensorflow as tf
 
     from common import precision
@@ -76,6 +130,7 @@ def run(application, cfg, dist, steps: int, warmup: int = 3) -> dict:
     datasets = application.build_datasets(cfg, dist)
     network = application.build_model(cfg)
     flops = forward_flops_per_sample(network)
+    flops_inside = forward_flops_per_sample(network, inside_only=True)
     model = TrainingModel(network, dist, gradient_compression=cfg.distributed.gradient_compression)
     optimizer = build_optimizer(cfg.optimizer, cfg.optimizer.learning_rate,
                                 loss_scaling=precision.needs_loss_scaling(cfg.train.precision))
@@ -87,7 +142,9 @@ def run(application, cfg, dist, steps: int, warmup: int = 3) -> dict:
     epochs = 1 + (warmup + steps) // datasets.steps_per_epoch
 
     batch = next(iter(datasets.train_epoch(0)))
-    compute = _timed_fit(model, tf.data.Dataset.from_tensors(batch).repeat(), steps, warmup, global_batch)
+    in_memory = tf.data.Dataset.from_tensors(batch).repeat()
+    compute = _timed_fit(model, in_memory, steps, warmup, global_batch)
+    profile = op_profile(model, in_memory, min(steps, 3), profile_dir) if profile_dir else None
 
     iterator = iter(datasets.train_stream(0, epochs + 1))
     for _ in range(warmup):
@@ -106,12 +163,15 @@ def run(application, cfg, dist, steps: int, warmup: int = 3) -> dict:
         "global_batch_size": global_batch,
         "precision": cfg.train.precision,
         "forward_flops_per_sample": flops,
+        "forward_flops_per_sample_inside": flops_inside,
         "peak_flops": peak_fp32,
         "peak_flops_bf16": peak_bf16,
         "compute": {"samples_per_second": compute, "flops_per_second": compute_flops,
-                    "ratio_to_peak": compute_flops / peak_used if peak_used else None},
+                    "ratio_to_peak": compute_flops / peak_used if peak_used else None,
+                    "ratio_to_peak_inside": compute_flops * flops_inside / flops / peak_used if peak_used else None},
         "input": {"samples_per_second": input_rate, "ratio_to_compute": input_rate / compute},
         "end_to_end": {"samples_per_second": end_to_end, "ratio_to_compute": end_to_end / compute},
+        **({"profile": profile} if profile else {}),
     }
 
 
@@ -119,6 +179,9 @@ def table(result: dict) -> str:
     gf = lambda x: f"{x / 1e9:.1f}" if x else "-"  # noqa: E731
     c, i, e = result["compute"], result["input"], result["end_to_end"]
     ratio = f"{c['ratio_to_peak']:.2f}" if c["ratio_to_peak"] else "-"
+    inside = c.get("ratio_to_peak_inside")
+    if inside and c["ratio_to_peak"] and inside < 0.98 * c["ratio_to_peak"]:
+        ratio += f" ({inside:.2f} counting only taps inside the zero padding)"
     return "\n".join([
         f"{result['app']}: {result['ranks']} rank(s), batch {result['batch_size']}/rank, {result['precision']}, "
         f"{result['forward_flops_per_sample'] / 1e9:.3f} GFLOP forward/sample (training = 3x)",
@@ -127,7 +190,7 @@ def table(result: dict) -> str:
         f"ratio to peak {ratio}",
         f"  input pipeline   {i['samples_per_second']:9.2f} samples/s  ratio to compute {i['ratio_to_compute']:.2f}",
         f"  end to end       {e['samples_per_second']:9.2f} samples/s  ratio to compute {e['ratio_to_compute']:.2f}",
-    ])
+    ] + ([profile_table(result["profile"])] if result.get("profile") else []))
 
 
 def main(argv=None) -> int:
@@ -141,6 +204,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--precision", choices=["fp32", "mixed_float16", "mixed_bfloat16"])
     parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--profile", metavar="DIR", help="also trace compute steps here and print the op times")
     args = parser.parse_args(argv)
     if args.compare:
         one, other = (json.load(open(path)) for path in args.compare)
@@ -161,7 +225,8 @@ def main(argv=None) -> int:
             overrides.append(f"train.precision={args.precision}")
         cfg = load_config(application.config_schema, args.config, overrides)
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
-        result = run(application, cfg, dist, args.steps)
+        profile_dir = args.profile and (args.profile if dist.size == 1 else f"{args.profile}/rank{dist.rank}")
+        result = run(application, cfg, dist, args.steps, profile_dir=profile_dir)
     if dist.is_root:
         print(table(result), flush=True)
         if args.json:

@@ -145,7 +145,8 @@ def test_float16_without_gpu_is_a_config_error(tiny_cosmo_data, tmp_path):
 def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
     out = tmp_path / "bench.json"
     overrides = tiny_cosmo_overrides(tiny_cosmo_data)
-    result = run_python(["-m", "common.bench", "--config", DEMO, *overrides, "--steps", "4", "--json", str(out)])
+    result = run_python(["-m", "common.bench", "--config", DEMO, *overrides, "--steps", "4", "--json", str(out),
+                         "--profile", str(tmp_path / "trace")])
     report = json.loads(out.read_text())
     assert report["peak_flops"] > 1e9 and report["precision"] == "fp32"
     for section in ("compute", "input", "end_to_end"):
@@ -158,3 +159,13 @@ def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
         assert report[section]["ratio_to_compute"] == pytest.approx(
             report[section]["samples_per_second"] / compute["samples_per_second"])
     assert "end to end" in result.stdout
+    # Same-padded 3x3x3 convolutions on tiny cubes: a good share of the counted taps read padding.
+    assert 0 < report["forward_flops_per_sample_inside"] < report["forward_flops_per_sample"]
+    assert compute["ratio_to_peak_inside"] == pytest.approx(
+        compute["ratio_to_peak"] * report["forward_flops_per_sample_inside"] / report["forward_flops_per_sample"])
+    # The profile: the convolutions and their gradients are where a CNN's step goes.
+    profile = report["profile"]
+    assert list((tmp_path / "trace").rglob("*.xplane.pb"))
+    conv_share = sum(row["share"] for row in profile["by_type"] if "Conv3D" in row["type"])
+    assert 0.2 < conv_share <= 1.0, profile["by_type"]
+    assert "Conv3D" in result.stdout and "top ops" in result.stdout
