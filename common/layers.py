@@ -77,3 +77,26 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         if len(inputs.shape) == 5:
             y = tf.reshape(y, shape)
         return tf.cast(y, self.compute_dtype)
+
+
+_PLAIN = {DilatedConv2D: keras.layers.Conv2D, FusedBatchNormalization: keras.layers.BatchNormalization}
+
+
+def plain_keras(model: keras.Model) -> keras.Model:
+    """``model`` rebuilt with this module's layers replaced by the Keras layers they extend, same weights."""
+    if not any(type(layer) in _PLAIN for layer in _all_layers(model)):
+        return model
+
+    def clone(layer):
+        return _PLAIN.get(type(layer), type(layer)).from_config(layer.get_config())
+
+    plain = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    plain.set_weights(model.get_weights())
+    return plain
+
+
+def _all_layers(model):
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _all_layers(layer)

@@ -180,8 +180,10 @@ def measure_peak_flops(cfg: AppConfig, dist: Distributed) -> float:
 
 
 def _atomic_save_model(network: keras.Model, path: pathlib.Path) -> None:
+    from common.layers import plain_keras
+
     temporary = path.with_name(path.stem + ".partial.keras")
-    network.save(temporary)
+    plain_keras(network).save(temporary)  # loads with Keras alone
     os.replace(temporary, path)
 
 

@@ -9,7 +9,7 @@ from common.config import validate
 from common.distributed import Distributed
 from common.errors import DataError
 from cosmoflow.config import CosmoflowConfig
-from cosmoflow.data import build_datasets, evaluation_dataset, read_targets
+from cosmoflow.data import augment, build_datasets, evaluation_dataset, read_targets
 
 SHAPE = (8, 8, 8, 4)
 
@@ -152,3 +152,36 @@ def test_staging_copies_this_ranks_share(tmp_path):
     values = sorted(round(float(v), 6) for _, y in datasets.train_epoch(0).take(1) for v in y.numpy()[:, 0])
     originals = {round(float(s[1][0]), 6) for i, s in enumerate(make_samples(6, 8)) if i % 2 == 1}
     assert set(values) <= originals
+
+
+@pytest.mark.parametrize("shape, dtype", [((6, 6, 6, 4), np.int16), ((6, 6, 6, 1), np.int16),
+                                          ((6, 6, 6, 3), np.int16), ((6, 6, 6, 2), np.float32),
+                                          ((4, 6, 8, 4), np.int16)])
+def test_augmentation_is_flips_then_a_permutation(shape, dtype):
+    # Against numpy slicing and transposes; the voxel-as-one-integer view must not change a value.
+    x = np.random.default_rng(6).integers(-1000, 1000, size=shape).astype(dtype)
+    permutations = [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]]
+    outcomes = set()
+    for s in range(16):
+        seed = tf.constant([s, 7], tf.int64)
+        flips = (tf.random.stateless_uniform([3], seed=seed) < 0.5).numpy()
+        expected = x[tuple(slice(None, None, -1) if f else slice(None) for f in flips)]
+        choice = int(tf.random.stateless_uniform([], seed=seed + 1, maxval=6, dtype=tf.int32))
+        if len(set(shape[:3])) == 1:
+            expected = np.transpose(expected, permutations[choice] + [3])
+        got = augment(tf.constant(x), seed)
+        assert got.shape == shape
+        np.testing.assert_array_equal(got.numpy(), expected)
+        outcomes.add((tuple(flips), choice))
+    assert len(outcomes) > 8  # the seeds reach many flip/permutation combinations
+
+
+def test_batch_of_one_equals_batches(tmp_path):
+    samples = make_samples(4, 3)
+    write_tfrecords(tmp_path / "train", samples)
+    write_tfrecords(tmp_path / "validation", samples)
+    ones = build_datasets(config(tmp_path, batch_size=1), Distributed(None))
+    x, y = next(iter(ones.validation))
+    assert x.shape == (1, *SHAPE) and y.shape == (1, 4)
+    np.testing.assert_allclose(x.numpy()[0], np.log1p(samples[0][0].astype(np.float32)), rtol=1e-6)
+    np.testing.assert_array_equal(y.numpy()[0], samples[0][1])
