@@ -95,16 +95,18 @@ bench: setup
 	$(BENCH) --config configs/cosmoflow/demo.yaml --steps 30 --json runs/bench/cosmoflow-demo.json
 	$(HVD2) $(BENCH) --config configs/cosmoflow/demo.yaml --steps 30 --json runs/bench/cosmoflow-demo-2ranks.json
 	$(BENCH) --compare runs/bench/cosmoflow-demo.json runs/bench/cosmoflow-demo-2ranks.json
-	$(BENCH) --config configs/cosmoflow/mlperf.yaml --batch-size 1 --precision mixed_bfloat16 --steps 8 \
+	$(BENCH) --config configs/cosmoflow/mlperf.yaml --batch-size 1 --precision auto --steps 8 \
 	    --set data.data_dir=data/cosmoflow-128 --set data.compression=none --set data.mock.generate_if_missing=true \
 	    --set data.mock.n_train=12 --set data.mock.n_valid=4 --set data.mock.box_size_mpc_h=512 \
-	    --json runs/bench/cosmoflow-128-bf16.json
+	    --json runs/bench/cosmoflow-128-auto.json
 	$(BENCH) --config configs/cosmoflow/mlperf.yaml --batch-size 1 --precision fp32 --steps 8 \
 	    --set data.data_dir=data/cosmoflow-128 --set data.compression=none --json runs/bench/cosmoflow-128-fp32.json
 	$(BENCH) --config configs/hep_cnn/demo.yaml --steps 30 --json runs/bench/hep-demo.json
 	$(PY) -m hep_cnn.synth --out data/hep-224 --image-size 224 --layout benchmark --n-train 256 --n-validation 64 --n-test 64
 	$(BENCH) --config configs/hep_cnn/benchmark_224.yaml --batch-size 8 --steps 6 --set data.data_dir=data/hep-224 \
 	    --set data.chunk_size=32 --set data.shuffle_buffer=64 --json runs/bench/hep-224.json
+	$(BENCH) --config configs/hep_cnn/benchmark_224.yaml --batch-size 8 --steps 6 --set data.data_dir=data/hep-224 \
+	    --set data.chunk_size=32 --set data.shuffle_buffer=64 --precision auto --json runs/bench/hep-224-auto.json
 	$(BENCH) --config configs/climate_seg/demo_tiramisu.yaml --steps 10 --json runs/bench/tiramisu-demo.json
 	$(BENCH) --config configs/climate_seg/demo_deeplab.yaml --steps 10 --json runs/bench/deeplab-demo.json
 	$(BENCH) --config configs/climate_seg/gordon_bell_tiramisu.yaml --batch-size 1 --steps 4 --precision mixed_bfloat16 \

@@ -35,7 +35,7 @@ import keras
 from keras import layers
 
 from climate_seg.config import DeeplabSection
-from common.layers import DilatedConv2D, FusedBatchNormalization
+from common.layers import ByteDropout, DilatedConv2D, FusedBatchNormalization
 
 STEM_STRIDE = 4
 
@@ -103,7 +103,7 @@ def aspp(b: _Builder, x, cfg: DeeplabSection):
     branches.append(layers.UpSampling2D(size=tuple(x.shape[1:3]), name="aspp_pool_broadcast")(pooled))
     x = layers.Concatenate(name="aspp_concat")(branches)
     x = b.conv_bn_relu(x, cfg.aspp_filters, 1, "aspp_project")
-    return layers.Dropout(cfg.dropout, name="aspp_dropout")(x) if cfg.dropout else x
+    return ByteDropout(cfg.dropout, name="aspp_dropout")(x) if cfg.dropout else x
 
 
 def build_deeplab(cfg: DeeplabSection, input_shape: tuple[int, int, int], n_classes: int,

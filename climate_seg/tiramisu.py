@@ -22,7 +22,7 @@ import keras
 from keras import layers
 
 from climate_seg.config import TiramisuSection
-from common.layers import FusedBatchNormalization
+from common.layers import ByteDropout, FusedBatchNormalization
 
 
 class _Builder:
@@ -40,7 +40,7 @@ class _Builder:
         return layers.ReLU(name=f"{name}_relu")(x)
 
     def dropout(self, x, name):
-        return layers.Dropout(self.cfg.dropout, name=f"{name}_dropout")(x) if self.cfg.dropout else x
+        return ByteDropout(self.cfg.dropout, name=f"{name}_dropout")(x) if self.cfg.dropout else x
 
     def dense_block(self, x, n_layers: int, name: str):
         """(block input + new maps, the new maps alone)."""

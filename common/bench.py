@@ -41,14 +41,9 @@ from common.config import load_config
 def device_has_bf16() -> bool:
     import tensorflow as tf
 
-    if tf.config.list_physical_devices("GPU"):
-        return True
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = handle.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    from common.precision import cpu_has_bf16
+
+    return bool(tf.config.list_physical_devices("GPU")) or cpu_has_bf16()
 
 
 def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> float:
@@ -115,6 +110,7 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
     from common.optimizers import build_optimizer
     from common.trainer import TrainingModel
 
+    cfg.train.precision = dist.broadcast_object(precision.resolve(cfg.train.precision))
     total = lambda value: float(dist.sum_array([value])[0])  # noqa: E731
     peak_fp32 = total(measure_matmul_flops("float32"))
     peak_bf16 = total(measure_matmul_flops("bfloat16")) if device_has_bf16() else None
@@ -202,7 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--app")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--precision", choices=["fp32", "mixed_float16", "mixed_bfloat16"])
+    parser.add_argument("--precision", choices=["fp32", "mixed_float16", "mixed_bfloat16", "auto"])
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--profile", metavar="DIR", help="also trace compute steps here and print the op times")
     args = parser.parse_args(argv)

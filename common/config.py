@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegative
 
 from common.errors import ConfigError
 
-Precision = Literal["fp32", "mixed_float16", "mixed_bfloat16"]
+Precision = Literal["fp32", "mixed_float16", "mixed_bfloat16", "auto"]
 
 
 class Section(BaseModel):
@@ -40,7 +40,9 @@ class TrainSection(Section):
     epochs: PositiveInt = 1
     seed: int = 0
     deterministic: bool = Field(False, description="TF op determinism and all seeds fixed")
-    precision: Precision = "fp32"
+    precision: Precision = Field(
+        "fp32", description="auto: mixed_bfloat16 where the device has bf16 units, else fp32 (mixed_float16 on "
+                            "pre-Ampere GPUs); resolved at start and recorded in the run's config.yaml")
     output_dir: str | None = Field(None, description="run directory (overridden by --output-dir)")
     intra_op_threads: NonNegativeInt = Field(0, description="0: cores / ranks on this node")
     inter_op_threads: NonNegativeInt = Field(0, description="0: TensorFlow's default")

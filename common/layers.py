@@ -79,7 +79,33 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         return tf.cast(y, self.compute_dtype)
 
 
-_PLAIN = {DilatedConv2D: keras.layers.Conv2D, FusedBatchNormalization: keras.layers.BatchNormalization}
+@keras.saving.register_keras_serializable(package="common")
+class ByteDropout(keras.layers.Dropout):
+    """``keras.layers.Dropout`` with masks drawn as bytes (or 16-bit words) on TensorFlow."""
+
+    def call(self, inputs, training=False):
+        if not (training and 0 < self.rate < 1 and self.noise_shape is None
+                and keras.backend.backend() == "tensorflow"):
+            return super().call(inputs, training=training)
+        import tensorflow as tf
+
+        levels = 256 if float(self.rate * 256).is_integer() else 65536
+        threshold = int(round(self.rate * levels))  # keep when the draw is >= threshold
+        word = tf.uint8 if levels == 256 else tf.uint16
+        per_draw = 4 if levels == 256 else 2
+        count = tf.size(inputs)
+        seed = self.seed_generator.next()
+        seed = tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
+        draws = tf.random.stateless_uniform([(count + per_draw - 1) // per_draw], seed=seed, minval=None,
+                                            maxval=None, dtype=tf.uint32)
+        values = tf.reshape(tf.bitcast(draws, word), [-1])[:count]
+        keep = tf.reshape(values >= tf.constant(threshold, word), tf.shape(inputs))
+        scale = tf.constant(levels / (levels - threshold), inputs.dtype)
+        return tf.where(keep, inputs * scale, tf.zeros_like(inputs))
+
+
+_PLAIN = {DilatedConv2D: keras.layers.Conv2D, FusedBatchNormalization: keras.layers.BatchNormalization,
+          ByteDropout: keras.layers.Dropout}
 
 
 def plain_keras(model: keras.Model) -> keras.Model:

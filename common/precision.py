@@ -1,4 +1,10 @@
-"""Numeric precision policy: fp32, mixed_float16 or mixed_bfloat16.
+"""Numeric precision policy: fp32, mixed_float16, mixed_bfloat16, or auto.
+
+``auto`` picks by the device: mixed_bfloat16 where it has bf16 units (CPUs
+with AVX-512 BF16 or AMX, GPUs of compute capability 8.0 and up),
+mixed_float16 on older GPUs, fp32 on other CPUs (Cori's KNL).  The trainer
+resolves it once at start (rank 0's answer for all ranks) and records the
+resolved policy in the run's config.yaml and summary.
 
 Layers compute in the policy's compute dtype and keep float32 variables; the
 applications build their last layer with ``dtype="float32"`` so that outputs
@@ -15,20 +21,43 @@ from common.errors import ConfigError
 POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16", "mixed_bfloat16": "mixed_bfloat16"}
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 arithmetic units (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = set(handle.read().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve(precision: str) -> str:
+    """The concrete policy for ``precision`` on this process's device (``auto`` decided, others as given)."""
+    if precision != "auto":
+        return precision
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
+        return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
+    return "mixed_bfloat16" if cpu_has_bf16() else "fp32"
+
+
 def set_precision(precision: str) -> None:
     """Set the global Keras dtype policy; call before building the model."""
     try:
-        keras.config.set_dtype_policy(POLICIES[precision])
+        keras.config.set_dtype_policy(POLICIES[resolve(precision)])
     except KeyError:
-        raise ValueError(f"precision must be one of {sorted(POLICIES)}, got {precision!r}") from None
+        raise ValueError(f"precision must be one of {sorted(POLICIES)} or auto, got {precision!r}") from None
 
 
 def needs_loss_scaling(precision: str) -> bool:
-    return precision == "mixed_float16"
+    return resolve(precision) == "mixed_float16"
 
 
 def compute_dtype(precision: str) -> str:
-    return {"fp32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[precision]
+    return {"fp32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[resolve(precision)]
 
 
 def check_device_support(precision: str) -> None:
@@ -36,6 +65,6 @@ def check_device_support(precision: str) -> None:
     ops such as MaxPool3D, so fail early with a message instead of mid-graph."""
     import tensorflow as tf
 
-    if precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+    if resolve(precision) == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         raise ConfigError("train.precision: mixed_float16 needs a GPU (TensorFlow has no float16 CPU kernels "
                           "for ops such as MaxPool3D); use mixed_bfloat16 on CPUs")

@@ -150,6 +150,7 @@ def configure_determinism(cfg: AppConfig, dist: Distributed) -> None:
 
 def describe_model(app: Application, cfg: AppConfig, ranks: int) -> dict:
     """What ``--dry-run`` prints: the model built from the config, without data."""
+    cfg.train.precision = precision.resolve(cfg.train.precision)
     precision.set_precision(cfg.train.precision)
     network = app.build_model(cfg)
     flops = forward_flops_per_sample(network)
@@ -204,6 +205,7 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
         raise UserInputError(f"{output_dir}: holds checkpoints of an earlier run ({latest.name}); "
                              "pass --resume to continue it or choose another --output-dir")
     configure_determinism(cfg, dist)
+    cfg.train.precision = dist.broadcast_object(precision.resolve(cfg.train.precision))  # "auto" decided once
     precision.check_device_support(cfg.train.precision)
     precision.set_precision(cfg.train.precision)
 

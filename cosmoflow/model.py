@@ -16,7 +16,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from common.layers import FusedBatchNormalization
+from common.layers import ByteDropout, FusedBatchNormalization
 from common.precision import compute_dtype
 from cosmoflow.config import CosmoflowConfig
 
@@ -43,7 +43,7 @@ def build_model(cfg: CosmoflowConfig) -> keras.Model:
         x = layers.Dense(units, kernel_regularizer=regularizer, name=f"dense{j + 1}")(x)
         x = layers.LeakyReLU(negative_slope=m.leaky_relu_slope, name=f"dense{j + 1}_act")(x)
         if m.dropout > 0:
-            x = layers.Dropout(m.dropout, name=f"dropout{j + 1}")(x)
+            x = ByteDropout(m.dropout, name=f"dropout{j + 1}")(x)
     # Outputs in float32 whatever the precision policy.
     x = layers.Dense(n_targets, activation="tanh", kernel_regularizer=regularizer, dtype="float32", name="targets")(x)
     outputs = layers.Rescaling(m.output_scale, dtype="float32", name="output_scale")(x)

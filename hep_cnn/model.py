@@ -12,6 +12,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from common.layers import ByteDropout
 from hep_cnn.config import HepConfig
 
 
@@ -25,7 +26,7 @@ def build_model(cfg: HepConfig) -> keras.Model:
                           activation="relu", name=f"conv{i + 1}")(x)
         x = layers.MaxPooling2D(2, name=f"pool{i + 1}")(x)
         if m.dropout > 0:
-            x = layers.Dropout(m.dropout, name=f"dropout{i + 1}")(x)
+            x = ByteDropout(m.dropout, name=f"dropout{i + 1}")(x)
     if m.final_conv:
         x = layers.Conv2D(m.filters, m.kernel_size, padding="same", kernel_initializer="he_normal",
                           activation="relu", name=f"conv{m.conv_units + 1}")(x)
@@ -35,7 +36,7 @@ def build_model(cfg: HepConfig) -> keras.Model:
         x = layers.Flatten(name="flatten")(x)
         x = layers.Dense(m.dense_units, activation="relu", kernel_initializer="he_normal", name="dense")(x)
         if m.dropout > 0:
-            x = layers.Dropout(m.dropout, name="dense_dropout")(x)
+            x = ByteDropout(m.dropout, name="dense_dropout")(x)
     if m.output == "softmax":
         outputs = layers.Dense(2, activation="softmax", dtype="float32", name="class_probabilities")(x)
     else:

@@ -32,9 +32,10 @@ def reference_order(cfg: CosmoflowConfig) -> keras.Model:
 
 @pytest.mark.parametrize("batch_norm", [False, True])
 def test_network_equals_the_reference_layer_order(batch_norm):
+    keras.config.set_dtype_policy("float32")  # whatever an earlier test in this process left
     cfg = load_config(CosmoflowConfig, REPO / "configs/cosmoflow/demo.yaml",
                       ["data.sample_shape=[16,16,16,4]", f"model.batch_norm={str(batch_norm).lower()}",
-                       "model.dropout=0", "model.conv_blocks=3"])
+                       "model.dropout=0", "model.conv_blocks=3", "train.precision=fp32"])
     ours, theirs = build_model(cfg), reference_order(cfg)
     theirs.set_weights(ours.get_weights())
     x = tf.constant(np.random.default_rng(0).normal(size=(3, 16, 16, 16, 4)).astype("float32"))

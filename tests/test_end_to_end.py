@@ -3,12 +3,14 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
+import yaml
 
 from common import checkpoint
 from conftest import REPO, last_json_line, run_python, tiny_cosmo_overrides
@@ -181,3 +183,13 @@ def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
     conv_share = sum(row["share"] for row in profile["by_type"] if "Conv3D" in row["type"])
     assert 0.2 < conv_share <= 1.0, profile["by_type"]
     assert "Conv3D" in result.stdout and "top ops" in result.stdout
+
+
+def test_precision_auto_follows_the_cpu_and_is_recorded(tiny_cosmo_data, tmp_path):
+    # Independent of common.precision's reading of /proc/cpuinfo: lscpu's flag list.
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    expected = "mixed_bfloat16" if re.search(r"\b(avx512_bf16|amx_bf16)\b", lscpu) else "fp32"
+    run_dir = tmp_path / "run"
+    train(tiny_cosmo_data, run_dir, "--set", "train.precision=auto", epochs=1)
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["precision"] == expected
+    assert json.loads((run_dir / "summary.json").read_text())["precision"] == expected

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.layers import DilatedConv2D, FusedBatchNormalization
+from common.layers import ByteDropout, DilatedConv2D, FusedBatchNormalization, plain_keras
 
 
 @pytest.fixture
@@ -123,3 +123,45 @@ def test_models_with_the_layers_save_and_load(tmp_path):
     assert loaded.get_layer("bn").momentum == 0.7
     probe = np.random.default_rng(4).normal(size=(1, 12, 12, 3)).astype("float32")
     np.testing.assert_array_equal(loaded(probe).numpy(), model(probe).numpy())
+
+
+@pytest.mark.parametrize("rate", [0.5, 0.25, 0.2, 0.9])
+def test_byte_dropout_is_inverted_dropout_at_the_rate(rate):
+    layer = ByteDropout(rate, seed=11)
+    x = tf.fill([1000, 1000], 3.0)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x, training=True)
+        loss = tf.reduce_sum(y)
+    y, grad = y.numpy(), tape.gradient(loss, x).numpy()
+    kept = y != 0
+    # 10^6 Bernoulli draws: 5 standard deviations.
+    assert abs(kept.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / y.size)
+    # Inverted scaling by 1 / (1 - rate), the rate quantised to 16 bits where 8 do not hold it exactly.
+    rtol = 2.0 ** -17 / (1 - rate) + 1e-6
+    np.testing.assert_allclose(np.unique(y[kept]), [3.0 / (1 - rate)], rtol=rtol)
+    np.testing.assert_allclose(grad, np.where(kept, 1 / (1 - rate), 0.0), rtol=rtol)
+    again = layer(x, training=True).numpy() != 0
+    assert 0.5 * 2 * rate * (1 - rate) < (again != kept).mean()  # a new mask each call
+    np.testing.assert_array_equal(layer(x, training=False).numpy(), x.numpy())
+    twin = ByteDropout(rate, seed=11)
+    np.testing.assert_array_equal(twin(x, training=True).numpy() != 0, kept)  # seeded like Keras's Dropout
+
+
+def test_byte_dropout_draws_integers_not_floats():
+    ops = training_graph_ops(ByteDropout(0.5), tf.TensorSpec((4, 8, 8, 3), tf.float32))
+    assert "StatelessRandomUniformFullIntV2" in ops and "StatelessRandomUniformV2" not in ops
+
+
+def test_plain_keras_swaps_in_the_keras_layers_with_the_same_weights():
+    inputs = keras.Input((10, 10, 3))
+    x = DilatedConv2D(4, 3, dilation_rate=2, padding="same")(inputs)
+    x = FusedBatchNormalization()(x)
+    x = ByteDropout(0.5)(x)
+    model = keras.Model(inputs, keras.layers.Conv2D(2, 1)(x))
+    model(np.ones((2, 10, 10, 3), "float32"), training=True)  # moving statistics away from their start
+    plain = plain_keras(model)
+    assert {type(layer).__module__.split(".")[0] for layer in plain.layers} == {"keras"}
+    assert [type(layer).__name__ for layer in plain.layers][1:4] == ["Conv2D", "BatchNormalization", "Dropout"]
+    probe = np.random.default_rng(5).normal(size=(2, 10, 10, 3)).astype("float32")
+    np.testing.assert_allclose(plain(probe).numpy(), model(probe).numpy(), rtol=1e-5, atol=1e-5)
