@@ -185,3 +185,14 @@ def test_batch_of_one_equals_batches(tmp_path):
     assert x.shape == (1, *SHAPE) and y.shape == (1, 4)
     np.testing.assert_allclose(x.numpy()[0], np.log1p(samples[0][0].astype(np.float32)), rtol=1e-6)
     np.testing.assert_array_equal(y.numpy()[0], samples[0][1])
+
+
+def test_batched_normalisation_divides_each_sample_by_its_own_mean(tmp_path):
+    samples = make_samples(4, 4)
+    write_tfrecords(tmp_path / "train", samples)
+    write_tfrecords(tmp_path / "validation", samples)
+    datasets = build_datasets(config(tmp_path, apply_log=False), Distributed(None))
+    x, _ = next(iter(datasets.validation))
+    for i in range(2):
+        volume = samples[i][0].astype(np.float64)
+        np.testing.assert_allclose(x.numpy()[i], volume / volume.mean(), rtol=1e-5)
