@@ -104,9 +104,9 @@ bench: setup
 	$(BENCH) --config configs/hep_cnn/demo.yaml --steps 30 --json runs/bench/hep-demo.json
 	$(PY) -m hep_cnn.synth --out data/hep-224 --image-size 224 --layout benchmark --n-train 256 --n-validation 64 --n-test 64
 	$(BENCH) --config configs/hep_cnn/benchmark_224.yaml --batch-size 8 --steps 6 --set data.data_dir=data/hep-224 \
-	    --set data.chunk_size=32 --set data.shuffle_buffer=64 --json runs/bench/hep-224.json
+	    --set data.chunk_size=32 --set data.shuffle_buffer=64 --precision fp32 --json runs/bench/hep-224-fp32.json
 	$(BENCH) --config configs/hep_cnn/benchmark_224.yaml --batch-size 8 --steps 6 --set data.data_dir=data/hep-224 \
-	    --set data.chunk_size=32 --set data.shuffle_buffer=64 --precision auto --json runs/bench/hep-224-auto.json
+	    --set data.chunk_size=32 --set data.shuffle_buffer=64 --json runs/bench/hep-224-auto.json
 	$(BENCH) --config configs/climate_seg/demo_tiramisu.yaml --steps 10 --json runs/bench/tiramisu-demo.json
 	$(BENCH) --config configs/climate_seg/demo_deeplab.yaml --steps 10 --json runs/bench/deeplab-demo.json
 	$(BENCH) --config configs/climate_seg/gordon_bell_tiramisu.yaml --batch-size 1 --steps 4 --precision mixed_bfloat16 \
