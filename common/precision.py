@@ -44,20 +44,23 @@ def resolve(precision: str) -> str:
     return "mixed_bfloat16" if cpu_has_bf16() else "fp32"
 
 
+# The functions below take a resolved policy (``resolve`` first: the trainer and the bench do, once).
+
 def set_precision(precision: str) -> None:
     """Set the global Keras dtype policy; call before building the model."""
     try:
-        keras.config.set_dtype_policy(POLICIES[resolve(precision)])
+        keras.config.set_dtype_policy(POLICIES[precision])
     except KeyError:
-        raise ValueError(f"precision must be one of {sorted(POLICIES)} or auto, got {precision!r}") from None
+        raise ValueError(f"precision must be one of {sorted(POLICIES)} (resolve 'auto' first), "
+                         f"got {precision!r}") from None
 
 
 def needs_loss_scaling(precision: str) -> bool:
-    return resolve(precision) == "mixed_float16"
+    return precision == "mixed_float16"
 
 
 def compute_dtype(precision: str) -> str:
-    return {"fp32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[resolve(precision)]
+    return {"fp32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[precision]
 
 
 def check_device_support(precision: str) -> None:
@@ -65,6 +68,6 @@ def check_device_support(precision: str) -> None:
     ops such as MaxPool3D, so fail early with a message instead of mid-graph."""
     import tensorflow as tf
 
-    if resolve(precision) == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+    if precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         raise ConfigError("train.precision: mixed_float16 needs a GPU (TensorFlow has no float16 CPU kernels "
                           "for ops such as MaxPool3D); use mixed_bfloat16 on CPUs")

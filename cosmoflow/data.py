@@ -91,16 +91,15 @@ def read_hdf5_crop(path, index, crop):
 
 # -- transformations --------------------------------------------------------------------
 
-def normalise(x, apply_log: bool, dtype=tf.float32, batched: bool = False):
-    """log1p (or division by the sample mean) in float32, handed on in ``dtype``: the network's compute
-    dtype, the same rounding its first layer would apply, at half the bytes under a 16-bit policy.
-    ``batched``: ``x`` is a batch of samples (one op for all of them)."""
+def normalise(x, apply_log: bool, dtype=tf.float32):
+    """A batch of volumes: log1p (or division by each sample's mean) in float32, handed on in ``dtype``: the
+    network's compute dtype, the same rounding its first layer would apply, at half the bytes under a 16-bit
+    policy.  One op for the whole batch."""
     x = tf.cast(x, tf.float32)
     if apply_log:
         x = tf.math.log1p(x)
     else:
-        axes = list(range(1, len(x.shape))) if batched else None
-        x = x / tf.maximum(tf.reduce_mean(x, axis=axes, keepdims=batched), 1e-6)
+        x = x / tf.maximum(tf.reduce_mean(x, axis=list(range(1, len(x.shape))), keepdims=True), 1e-6)
     return tf.cast(x, dtype)
 
 
@@ -254,8 +253,8 @@ def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, se
         dataset = dataset.map(lambda x, y: (x[tf.newaxis], y[tf.newaxis]))
     else:
         dataset = dataset.batch(data.batch_size, drop_remainder=True)
-    return dataset.map(lambda x, y: (normalise(x, data.apply_log, dtype, batched=True),
-                                     tf.gather(y, target_index, axis=1)), num_parallel_calls=AUTOTUNE)
+    return dataset.map(lambda x, y: (normalise(x, data.apply_log, dtype), tf.gather(y, target_index, axis=1)),
+                       num_parallel_calls=AUTOTUNE)
 
 
 def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
@@ -291,9 +290,10 @@ def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple
     files, used, index, _ = _split_samples(cfg, split, None, "data", Distributed(None))
     records = _records(cfg, files, index, Distributed(None), cfg.train.seed, training=False)
     target_index = [TARGET_NAMES.index(n) for n in cfg.data.target_names]
-    dataset = records.map(lambda x, y: (normalise(x, cfg.data.apply_log), tf.gather(y, target_index)),
-                          num_parallel_calls=AUTOTUNE)
-    return dataset.batch(cfg.data.batch_size).prefetch(AUTOTUNE), used
+    dataset = records.batch(cfg.data.batch_size).map(
+        lambda x, y: (normalise(x, cfg.data.apply_log), tf.gather(y, target_index, axis=1)),
+        num_parallel_calls=AUTOTUNE)
+    return dataset.prefetch(AUTOTUNE), used
 
 
 def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:

@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 
 from common.config import load_config  # noqa: E402
 from common.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample  # noqa: E402
+from common.precision import compute_dtype, set_precision  # noqa: E402
 
 # app -> (config, overrides at --tiny, loss builder)
 APPS = {
@@ -116,12 +117,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="small shapes, for a CPU check")
     args = parser.parse_args(argv)
     backend = keras.backend.backend()
-    keras.mixed_precision.set_dtype_policy("float32" if args.precision == "fp32" else args.precision)
-    compute_dtype = {"fp32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}[args.precision]
-    peak = matmul_peak(compute_dtype, 512 if args.tiny else 8192)
+    set_precision(args.precision)
+    dtype = compute_dtype(args.precision)
+    peak = matmul_peak(dtype, 512 if args.tiny else 8192)
     xla_settings = {"off": [False], "on": [True], "both": [False, True], "auto": ["auto"]}[args.xla]
     print(f"backend {backend} (keras {keras.__version__}), precision {args.precision}, "
-          f"{compute_dtype} matmul peak {peak / 1e12:.2f} TFLOP/s", flush=True)
+          f"{dtype} matmul peak {peak / 1e12:.2f} TFLOP/s", flush=True)
     results = []
     for app in args.apps.split(","):
         for jit in xla_settings:
