@@ -4,6 +4,11 @@ training loop.  Nothing in here knows which science it is training."""
 
 import os as _os
 
+from common import cpu as _cpu
+
+# Both before TensorFlow is imported, which every entry point does after importing this package.
 # TensorFlow's C++ start-up chatter (oneDNN, CPU feature notices) drowns the
-# training output of every rank; errors still show.  Set before TF is imported.
+# training output of every rank; errors still show.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# oneDNN kernels on every x86 CPU, not only where TensorFlow enables them by default (common/cpu.py).
+_cpu.enable_onednn()

@@ -41,9 +41,9 @@ from common.config import load_config
 def device_has_bf16() -> bool:
     import tensorflow as tf
 
-    from common.precision import cpu_has_bf16
+    from common.cpu import has_bf16_units
 
-    return bool(tf.config.list_physical_devices("GPU")) or cpu_has_bf16()
+    return bool(tf.config.list_physical_devices("GPU")) or has_bf16_units()
 
 
 def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> float:
@@ -105,7 +105,7 @@ def profile_table(profile: dict) -> str:
 def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | None = None) -> dict:
     import tensorflow as tf
 
-    from common import precision
+    from common import cpu, precision
     from common.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
     from common.optimizers import build_optimizer
     from common.trainer import TrainingModel
@@ -158,6 +158,7 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
         "batch_size": cfg.data.batch_size,
         "global_batch_size": global_batch,
         "precision": cfg.train.precision,
+        "cpu": cpu.describe(),
         "forward_flops_per_sample": flops,
         "forward_flops_per_sample_inside": flops_inside,
         "peak_flops": peak_fp32,
@@ -172,6 +173,8 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
 
 
 def table(result: dict) -> str:
+    from common.cpu import one_line
+
     gf = lambda x: f"{x / 1e9:.1f}" if x else "-"  # noqa: E731
     c, i, e = result["compute"], result["input"], result["end_to_end"]
     ratio = f"{c['ratio_to_peak']:.2f}" if c["ratio_to_peak"] else "-"
@@ -181,6 +184,7 @@ def table(result: dict) -> str:
     return "\n".join([
         f"{result['app']}: {result['ranks']} rank(s), batch {result['batch_size']}/rank, {result['precision']}, "
         f"{result['forward_flops_per_sample'] / 1e9:.3f} GFLOP forward/sample (training = 3x)",
+        f"  cpu              {one_line(result['cpu'])}",
         f"  peak matmul      fp32 {gf(result['peak_flops'])} GFLOP/s, bf16 {gf(result['peak_flops_bf16'])} GFLOP/s",
         f"  compute          {c['samples_per_second']:9.2f} samples/s  {gf(c['flops_per_second'])} GFLOP/s  "
         f"ratio to peak {ratio}",

@@ -16,11 +16,17 @@ dense convolution + BatchToSpaceND; oneDNN (CPU) and cuDNN (GPU) have native
 dilated kernels that ``tf.nn.conv2d`` reaches directly.  Measured here (2-core
 Zen 4, bf16, one 3x3 2048->256 convolution, forward + both gradients): rate 36
 on a 96x144 map 0.95 s native vs 2.50 s space-to-batch; rate 12 1.16 vs 1.36 s;
-rate 36 on a 24x36 map 0.055 vs 1.08 s.  Other backends, and strided
-convolutions (which TensorFlow cannot dilate), take Keras's own path.
+rate 36 on a 24x36 map 0.055 vs 1.08 s.  Other backends, strided
+convolutions (which TensorFlow cannot dilate) and CPUs running TensorFlow's
+Eigen kernels (oneDNN off: ``TF_ENABLE_ONEDNN_OPTS=0``, a build without
+oneDNN, aarch64), which have no gradient for a dilated ``tf.nn.conv2d``
+("Current CPU implementations do not yet support dilation rates larger than
+1"), take Keras's own path: the same convolution, slower.
 """
 
 from __future__ import annotations
+
+import functools
 
 import keras
 
@@ -30,14 +36,26 @@ class DilatedConv2D(keras.layers.Conv2D):
     """``keras.layers.Conv2D`` whose dilated convolution is one native kernel on TensorFlow."""
 
     def convolution_op(self, inputs, kernel):
-        native = (keras.backend.backend() == "tensorflow" and max(self.dilation_rate) > 1
-                  and max(self.strides) == 1 and self.groups == 1 and self.data_format == "channels_last")
+        native = (max(self.dilation_rate) > 1 and max(self.strides) == 1 and self.groups == 1
+                  and self.data_format == "channels_last" and native_dilated_conv_trains())
         if not native:
             return super().convolution_op(inputs, kernel)
         import tensorflow as tf
 
         return tf.nn.conv2d(inputs, kernel, strides=1, padding=self.padding.upper(),
                             dilations=list(self.dilation_rate))
+
+
+@functools.cache
+def native_dilated_conv_trains() -> bool:
+    """Whether a dilated ``tf.nn.conv2d`` has gradient kernels here: oneDNN on the CPU, or a GPU (cuDNN)."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    from common.cpu import onednn_enabled
+
+    return onednn_enabled() or bool(tf.config.list_physical_devices("GPU"))
 
 
 # FusedBatchNormV3 clamps epsilon below this.

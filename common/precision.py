@@ -16,19 +16,10 @@ from __future__ import annotations
 
 import keras
 
+from common.cpu import has_bf16_units
 from common.errors import ConfigError
 
 POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16", "mixed_bfloat16": "mixed_bfloat16"}
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has bf16 arithmetic units (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = set(handle.read().split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def resolve(precision: str) -> str:
@@ -41,7 +32,7 @@ def resolve(precision: str) -> str:
     if gpus:
         capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
         return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
-    return "mixed_bfloat16" if cpu_has_bf16() else "fp32"
+    return "mixed_bfloat16" if has_bf16_units() else "fp32"
 
 
 # The functions below take a resolved policy (``resolve`` first: the trainer and the bench do, once).

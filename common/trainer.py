@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from common import checkpoint, precision
+from common import checkpoint, cpu, precision
 from common.callbacks import (AverageMetricsOverRanks, AverageNonTrainableOverRanks, EpochReport, LearningRateLog,
                               PoolConfusionOverRanks, SaveCheckpoint, Throughput, rng_variables, state_variables)
 from common.config import AppConfig, save_config
@@ -292,6 +292,7 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
               f"{datasets.validation_samples} validation samples/epoch, {network.count_params():,} parameters, "
               f"{forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
               f"peak LR {peak_lr:.4g}", flush=True)
+        print(f"cpu: {cpu.one_line()}", flush=True)
 
     history: dict[str, list] = {}
     first_epoch = position[0]
@@ -392,6 +393,7 @@ def _summary(app, cfg, dist, history, network, forward_flops, global_batch_size,
         "backend": dist.backend,
         "global_batch_size": global_batch_size,
         "precision": cfg.train.precision,
+        "cpu": cpu.describe(),
         "epochs_completed": initial_epoch + len(history.get("loss", [])),
         "first_epoch_this_run": initial_epoch + 1,
         "train_samples_per_epoch": datasets.train_samples,

@@ -29,6 +29,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import common  # noqa: E402,F401  (before TensorFlow, where the backend is TensorFlow)
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 

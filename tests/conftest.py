@@ -11,29 +11,62 @@ import sys
 
 import pytest
 
+import common  # noqa: F401  (first: TensorFlow's kernel set and logging, for this process and every child)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def python_env() -> dict:
+def python_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
+    env.update(extra or {})
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-def run_python(args, timeout=600, cwd=None, ranks: int = 1, check=True) -> subprocess.CompletedProcess:
-    """Run ``python args...``; with ranks > 1 under ``horovodrun -np N --gloo``."""
+def run_python(args, timeout=600, cwd=None, ranks: int = 1, check=True, env: dict | None = None
+               ) -> subprocess.CompletedProcess:
+    """Run ``python args...``; with ranks > 1 under ``horovodrun -np N --gloo``; ``env``: variables to add."""
     command = [sys.executable, *args]
     if ranks > 1:
         horovodrun = shutil.which("horovodrun") or str(pathlib.Path(sys.executable).parent / "horovodrun")
         command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *command]
-    result = subprocess.run(command, cwd=cwd or REPO, env=python_env(), capture_output=True, text=True,
+    result = subprocess.run(command, cwd=cwd or REPO, env=python_env(env), capture_output=True, text=True,
                             timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n--- stdout\n{result.stdout[-4000:]}"
                              f"\n--- stderr\n{result.stderr[-6000:]}")
     return result
+
+
+# Unit round-off u of each format (half the spacing of the numbers near 1).
+UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+
+
+def summation_tolerance(n: int, scale: float, dtype: str = "float32") -> float:
+    """How far two evaluations of the same sum of ``n`` terms may differ when the order differs.
+
+    A sum of n terms in floating point is within gamma_n * sum|t_i| of the exact one, gamma_n = n u / (1 - n u)
+    (Higham, Accuracy and Stability of Numerical Algorithms, 4.2), so two orders differ by at most twice that.
+    The terms of the gradients and activations compared here have mixed signs; for such terms sum|t_i| is
+    about sqrt(n) |sum t_i|, so with ``scale`` the magnitude of the results: 2 gamma_n sqrt(n) scale.
+    Kernel sets (oneDNN, Eigen) and CPUs (AVX2, AVX-512) differ exactly in such orders and in FMA use.
+    """
+    u = UNIT_ROUNDOFF[dtype]
+    gamma = n * u / (1 - n * u)
+    return 2.0 * gamma * n ** 0.5 * scale
+
+
+def kernel_tolerance(n: int, scale: float, compute_dtype: str) -> float:
+    """``summation_tolerance`` for a kernel computing in ``compute_dtype`` with float32 accumulation
+    (what oneDNN's and Eigen's CPU kernels do for bfloat16 and float16): the float32 sums may differ as
+    above, and each path rounds its result to ``compute_dtype`` once, which can put the two a unit in the
+    last place apart (2 u relative)."""
+    tolerance = summation_tolerance(n, scale)
+    if compute_dtype != "float32":
+        tolerance += 2.0 * UNIT_ROUNDOFF[compute_dtype] * scale
+    return tolerance
 
 
 def last_json_line(text: str) -> dict:

@@ -451,11 +451,16 @@ def test_tiny_tiramisu_two_ranks_with_gradient_lag_trains_and_evaluates(tiny_cli
     assert (run / "masks.png").stat().st_size > 10_000 and "mean IoU" in result.stdout
 
 
-def test_tiny_deeplab_trains_and_evaluates(tiny_climate, tmp_path):
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_tiny_deeplab_trains_and_evaluates(tiny_climate, tmp_path, onednn):
+    """With TensorFlow's Eigen kernels (no dilated-conv gradient) as well as with oneDNN's."""
     run = tmp_path / "run"
+    kernels = {"TF_ENABLE_ONEDNN_OPTS": onednn}
     run_python(["-m", "climate_seg.train", "--config", "configs/climate_seg/demo_deeplab.yaml", "--output-dir",
-                str(run), *tiny_train_overrides(tiny_climate, "deeplab"), "--set", "model.deeplab.decoder=bilinear"])
-    run_python(["-m", "climate_seg.evaluate", "--run-dir", str(run), "--split", "validation"])
+                str(run), *tiny_train_overrides(tiny_climate, "deeplab"), "--set", "model.deeplab.decoder=bilinear"],
+               env=kernels)
+    assert json.loads((run / "summary.json").read_text())["cpu"]["onednn"] is (onednn == "1")
+    run_python(["-m", "climate_seg.evaluate", "--run-dir", str(run), "--split", "validation"], env=kernels)
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["split"] == "validation" and metrics["n_samples"] == 4
 

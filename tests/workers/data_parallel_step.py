@@ -12,10 +12,10 @@ must skip that step together.
 
 import sys
 
+import common  # noqa: F401  (before TensorFlow)
 import keras
 import numpy as np
 
-import common  # noqa: F401
 from common import distributed, precision
 from common.trainer import TrainingModel
 

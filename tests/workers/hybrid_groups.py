@@ -9,6 +9,7 @@ drift OFFSET apart; the exchanges hold them together near the middle.
 
 import sys
 
+import common  # noqa: F401  (before TensorFlow)
 import keras
 import numpy as np
 import tensorflow as tf

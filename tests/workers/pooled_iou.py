@@ -11,10 +11,10 @@ logs into OUT.json for the test to check against scikit-learn.
 import json
 import sys
 
+import common  # noqa: F401  (before TensorFlow)
 import keras
 import numpy as np
 
-import common  # noqa: F401
 from common import distributed
 from common.callbacks import PoolConfusionOverRanks
 from common.metrics import ConfusionMatrix
