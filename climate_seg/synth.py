@@ -34,9 +34,9 @@ import sys
 
 import netCDF4
 import numpy as np
-from tqdm import tqdm
 
 from climate_seg.config import CHANNELS, SynthSection
+from common.progress import Progress
 
 UNITS = {"TMQ": "kg/m2", "U850": "m/s", "V850": "m/s", "UBOT": "m/s", "VBOT": "m/s", "QREFHT": "kg/kg",
          "PS": "Pa", "PSL": "Pa", "T200": "K", "T500": "K", "PRECT": "m/s", "TS": "K", "TREFHT": "K",
@@ -262,7 +262,7 @@ def generate_dataset(out_dir, synth: SynthSection, progress: bool = True) -> dic
     lat, lon = grid_coordinates(*synth.grid)
     counts = {"train": synth.n_train, "validation": synth.n_validation, "test": synth.n_test}
     written: dict[str, list[pathlib.Path]] = {}
-    bar = tqdm(total=sum(counts.values()), desc="synthetic CAM5 steps", unit="step", disable=not progress)
+    bar = Progress(sum(counts.values()), "synthetic CAM5 steps", "steps", enabled=progress)
     for split_index, (split, count) in enumerate(counts.items()):
         rng = np.random.default_rng([synth.seed, split_index])
         directory = out_dir / split
@@ -372,7 +372,7 @@ def generate_detection_dataset(out_dir, synth, progress: bool = True) -> dict[st
     names = sorted(CHANNELS)
     counts = {"train": synth.n_train, "validation": synth.n_validation, "test": synth.n_test}
     written: dict[str, list[pathlib.Path]] = {}
-    bar = tqdm(total=sum(counts.values()), desc="synthetic detection snapshots", unit="step", disable=not progress)
+    bar = Progress(sum(counts.values()), "synthetic detection snapshots", "snapshots", enabled=progress)
     for split_index, (split, count) in enumerate(counts.items()):
         rng = np.random.default_rng([synth.seed, 100 + split_index])
         (out_dir / split).mkdir(parents=True, exist_ok=True)

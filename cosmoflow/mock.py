@@ -21,13 +21,16 @@ when complete (written to ``DIR.partial`` and renamed).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import pathlib
 import shutil
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-from tqdm import tqdm
 
+from common.progress import Progress
 from cosmoflow.config import TARGET_NAMES, MockSection
 
 OMEGA_B = 0.049  # baryon density, fixed (Planck 2018)
@@ -174,29 +177,55 @@ def write_hdf5(path, full: np.ndarray, unit_par: np.ndarray, physical: np.ndarra
             f["physPar"].attrs["names"] = ",".join(TARGET_NAMES)
 
 
+def seeded_universe(task: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(counts, unitPar, physical parameters) of sample ``index`` of split ``split_id``: a function of
+    (mock.seed, split_id, index) alone, so any worker computes the same sample."""
+    split_id, index, side, box, mock = task
+    rng = np.random.default_rng([mock.seed, split_id, index])
+    params = draw_parameters(rng, mock)
+    return make_universe(params, side, mock, rng, box_size=box), normalise_targets(params, mock), params
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def generate_dataset(out_dir, n_train: int, n_valid: int, grid: int, mock: MockSection,
                      file_format: str = "tfrecord", compression: str = "none", crops_per_side: int = 1,
-                     progress: bool = True) -> pathlib.Path:
-    """Write ``out_dir/train`` and ``out_dir/validation``; atomic at the directory level."""
+                     progress: bool = True, workers: int | None = None) -> pathlib.Path:
+    """Write ``out_dir/train`` and ``out_dir/validation``; atomic at the directory level.
+
+    Samples are computed by ``workers`` processes (default: one per available CPU) and written in
+    order by this one; the files are the same whatever the number of workers."""
     out_dir = pathlib.Path(out_dir)
     partial = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     extension = {"tfrecord": ".tfrecord" + (".gz" if compression == "gzip" else ""), "hdf5": ".h5"}[file_format]
     side = grid * crops_per_side
     box = mock.box_size_mpc_h * crops_per_side
-    for split_id, (split, count) in enumerate((("train", n_train), ("validation", n_valid))):
-        split_dir = partial / split
-        split_dir.mkdir(parents=True)
-        for index in tqdm(range(count), desc=f"mock {split}", disable=not progress, file=sys.stderr):
-            rng = np.random.default_rng([mock.seed, split_id, index])
-            params = draw_parameters(rng, mock)
-            counts = make_universe(params, side, mock, rng, box_size=box)
-            unit = normalise_targets(params, mock)
-            path = split_dir / f"univ_{split}_{index:06d}{extension}"
-            if file_format == "tfrecord":
-                write_tfrecord(path, [(counts, unit)], compression)
-            else:
-                write_hdf5(path, counts, unit, params)
+    workers = max(1, min(workers or available_cpus(), n_train + n_valid))
+    # spawn, not fork: the caller may be a training rank with TensorFlow's and Horovod's threads running.
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
+    try:
+        for split_id, (split, count) in enumerate((("train", n_train), ("validation", n_valid))):
+            split_dir = partial / split
+            split_dir.mkdir(parents=True)
+            tasks = [(split_id, index, side, box, mock) for index in range(count)]
+            universes = pool.map(seeded_universe, tasks) if pool else map(seeded_universe, tasks)
+            with Progress(count, f"mock {split}", "samples", enabled=progress) as bar:
+                for index, (counts, unit, params) in enumerate(universes):
+                    path = split_dir / f"univ_{split}_{index:06d}{extension}"
+                    if file_format == "tfrecord":
+                        write_tfrecord(path, [(counts, unit)], compression)
+                    else:
+                        write_hdf5(path, counts, unit, params)
+                    bar.update()
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -238,6 +267,7 @@ def main(argv=None) -> int:
     parser.add_argument("--crops-per-side", type=int, default=1, help="HDF5: volumes of (size * this)^3, cut into crops")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--force", action="store_true", help="regenerate even when the data is present")
+    parser.add_argument("--workers", type=int, help="processes computing samples (default: one per CPU)")
     args = parser.parse_args(argv)
 
     from common.cli import exit_on_user_error
@@ -257,7 +287,7 @@ def main(argv=None) -> int:
         generate_dataset(out, args.n_train or mock.n_train, args.n_valid or mock.n_valid, grid, mock,
                          file_format=args.format or data.format,
                          compression="gzip" if args.gzip else data.compression,
-                         crops_per_side=args.crops_per_side)
+                         crops_per_side=args.crops_per_side, workers=args.workers)
         print(f"wrote mock universes to {out}")
     return 0
 

@@ -35,7 +35,8 @@ import sys
 
 import h5py
 import numpy as np
-from tqdm import tqdm
+
+from common.progress import Progress
 
 CUT_JET_PT = 80.0
 CUT_MIN_JETS = 5
@@ -163,7 +164,7 @@ def generate_dataset(out_dir, n_train: int, n_validation: int, n_test: int, imag
     partial.mkdir(parents=True)
     writer = write_all_events if layout == "all_events" else write_benchmark
     total = n_train + n_validation + n_test
-    with tqdm(total=total, desc="synthetic events", disable=not progress, file=sys.stderr) as bar:
+    with Progress(total, "synthetic events", "events", enabled=progress) as bar:
         for split_id, (split, count) in enumerate((("train", n_train), ("val", n_validation), ("test", n_test))):
             for index, start in enumerate(range(0, count, events_per_file)):
                 n = min(events_per_file, count - start)

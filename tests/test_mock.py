@@ -69,3 +69,29 @@ def test_targets_normalised_and_generation_reproducible(tmp_path):
         np.testing.assert_array_equal(f["full"][:], x)   # same seed, same universe, either format
         np.testing.assert_allclose(f["unitPar"][:], example.features.feature["y"].float_list.value, rtol=1e-6)
         assert np.all(np.abs(f["unitPar"][:]) <= 1.0)
+
+
+def test_parallel_generation_writes_the_serial_files(tmp_path):
+    mock = MockSection(box_size_mpc_h=64.0, seed=5)
+    serial = generate_dataset(tmp_path / "serial", 5, 2, 8, mock, progress=False, workers=1)
+    parallel = generate_dataset(tmp_path / "parallel", 5, 2, 8, mock, progress=False, workers=2)
+    names = sorted(str(p.relative_to(serial)) for p in serial.rglob("*") if p.is_file())
+    assert len(names) == 7
+    assert names == sorted(str(p.relative_to(parallel)) for p in parallel.rglob("*") if p.is_file())
+    for name in names:
+        assert (serial / name).read_bytes() == (parallel / name).read_bytes(), name
+
+
+def test_progress_off_a_terminal_is_a_few_lines(tmp_path):
+    import io
+
+    from common.progress import Progress
+
+    stream = io.StringIO()  # not a TTY, like a CI log or a SLURM output file
+    with Progress(640, "mock train", "samples", stream=stream) as bar:
+        for _ in range(640):
+            bar.update()
+    lines = stream.getvalue().splitlines()
+    assert lines == [f"mock train: {n}/640 samples ({s})" for n, s in
+                     zip((160, 320, 480, 640), [line.rsplit("(", 1)[1][:-1] for line in lines])]
+    assert "\r" not in stream.getvalue()
