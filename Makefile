@@ -43,44 +43,41 @@ $(JAX_STAMP): $(STAMP)
 
 # The CosmoFlow demo: mock universes generated once into data/, then training
 # on $(NP) Horovod ranks (Gloo, CPU), then evaluation.
-# Each demo target starts its run directory afresh (the trainer refuses to overwrite checkpoints),
-# so running it twice gives a second, equal run; the generated data is reused.
+# Each demo target starts its run directory afresh (--force: the trainer otherwise refuses a folder
+# holding an earlier run's checkpoints), so running it twice gives a second, equal run; the generated
+# data is reused.
 demo: setup
 	$(PY) -m cosmoflow.mock --config configs/cosmoflow/demo.yaml
-	rm -rf $(DEMO_DIR)
 	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
-	    $(PY) -m cosmoflow.train --config configs/cosmoflow/demo.yaml --output-dir $(DEMO_DIR)
+	    $(PY) -m cosmoflow.train --config configs/cosmoflow/demo.yaml --output-dir $(DEMO_DIR) --force
 	$(PY) -m cosmoflow.evaluate --run-dir $(DEMO_DIR)
 
 # The HEP CNN demo: synthetic events generated once, 2 ranks, evaluation on the test split.
 demo-hep: setup
 	$(PY) -m hep_cnn.synth --config configs/hep_cnn/demo.yaml
-	rm -rf runs/demo-hep
 	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
-	    $(PY) -m hep_cnn.train --config configs/hep_cnn/demo.yaml --output-dir runs/demo-hep
+	    $(PY) -m hep_cnn.train --config configs/hep_cnn/demo.yaml --output-dir runs/demo-hep --force
 	$(PY) -m hep_cnn.evaluate --run-dir runs/demo-hep
 
 # The climate segmentation demos: synthetic CAM5 netCDF generated and converted
 # once into data/climate-demo, then Tiramisu and DeepLabv3+ on 2 ranks, each evaluated.
 demo-climate: setup
-	rm -rf runs/demo-tiramisu runs/demo-deeplab
 	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
-	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_tiramisu.yaml --output-dir runs/demo-tiramisu
+	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_tiramisu.yaml --output-dir runs/demo-tiramisu --force
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-tiramisu
 	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
-	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_deeplab.yaml --output-dir runs/demo-deeplab
+	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_deeplab.yaml --output-dir runs/demo-deeplab --force
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-deeplab
 
 # The detection demos: synthetic ExtremeWeather-layout snapshots generated once into
 # data/detect-demo, then the semi-supervised run and its supervised baseline on 2 ranks.
 demo-detect: setup
-	rm -rf runs/demo-detect runs/demo-detect-supervised
 	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
-	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_detect.yaml --output-dir runs/demo-detect
+	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_detect.yaml --output-dir runs/demo-detect --force
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-detect
 	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
 	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_detect_supervised.yaml \
-	    --output-dir runs/demo-detect-supervised
+	    --output-dir runs/demo-detect-supervised --force
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-detect-supervised
 
 test: setup setup-jax

@@ -22,7 +22,6 @@ and the variable; nothing is written for a file that fails.
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import sys
 
@@ -33,6 +32,7 @@ import numpy as np
 from climate_seg.config import CHANNELS, CLASS_NAMES
 from common.cli import exit_on_user_error
 from common.errors import DataError
+from common.outputs import atomic_path, check_replaceable, folder_summary, mark_hdf5, written_by_suite
 
 DEFAULT_LABELS_VAR = "LABELS"
 
@@ -105,18 +105,17 @@ def read_labels(path: str, variable: str, shape: tuple[int, int, int], data_path
     return labels.astype(np.int32)
 
 
-def write_sample(path: pathlib.Path, data: np.ndarray, labels: np.ndarray) -> None:
-    """One training sample, contiguous datasets, written atomically."""
-    temporary = path.with_name(path.name + ".partial")
-    with h5py.File(temporary, "w") as f:
+def write_sample(path: pathlib.Path, data: np.ndarray, labels: np.ndarray, force: bool = False) -> None:
+    """One training sample, contiguous datasets, written atomically (never over a file the suite did not write)."""
+    with atomic_path(path, force) as temporary, h5py.File(temporary, "w") as f:
+        mark_hdf5(f, "climate_seg.convert")
         f.create_dataset("climate/data", data=data.astype(np.float32))
         f.create_dataset("climate/labels_0", data=labels.astype(np.int32))
         f["climate"].attrs["channels"] = ",".join(CHANNELS)
-    os.replace(temporary, path)
 
 
 def convert_file(path: str, out_dir: pathlib.Path, labels_path: str | None, labels_var: str,
-                 member: int = 1, grid: tuple[int, int] | None = None) -> list[pathlib.Path]:
+                 member: int = 1, grid: tuple[int, int] | None = None, force: bool = False) -> list[pathlib.Path]:
     """Convert one netCDF file; returns the samples written (none if the file fails a check)."""
     with _open_netcdf(path) as nc:
         shape = _grid_of(nc, path)
@@ -127,6 +126,8 @@ def convert_file(path: str, out_dir: pathlib.Path, labels_path: str | None, labe
             raise DataError(f"{path}: no label variable {labels_var!r}; pass --labels FILE or --labels-var NAME")
         labels = read_labels(labels_path or path, labels_var, shape, path)
         names = _step_names(nc, path, shape[0], member)
+        for name in names:
+            check_replaceable(out_dir / f"{name}.h5", force)
         # Check every step before writing any, so a bad file leaves nothing behind.
         steps = []
         for t in range(shape[0]):
@@ -138,17 +139,34 @@ def convert_file(path: str, out_dir: pathlib.Path, labels_path: str | None, labe
     written = []
     for name, data, mask in zip(names, steps, labels):
         target = out_dir / f"{name}.h5"
-        write_sample(target, data, mask)
+        write_sample(target, data, mask, force)
         written.append(target)
     return written
 
 
+def check_output_folder(out_dir: pathlib.Path, force: bool) -> None:
+    """``out_dir`` must be absent, empty, or hold only samples this suite wrote (adding to them is fine)."""
+    if force or not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise DataError(f"{out_dir}: --out is a file, expected a folder for the converted samples")
+    foreign = [p for p in out_dir.iterdir() if not written_by_suite(p)]
+    if foreign:
+        raise DataError(f"{out_dir}: expected an absent or empty folder, or one of samples this suite converted; "
+                        f"found {len(foreign)} other file(s) ({folder_summary(out_dir)}); nothing was written "
+                        "(choose another --out, or pass --force to write beside them)")
+
+
 def convert(inputs: list[str], out_dir, labels: list[str] | None = None, labels_var: str = DEFAULT_LABELS_VAR,
-            member: int = 1) -> list[pathlib.Path]:
-    """Convert netCDF files (with one labels file per input, or labels inside them) into ``out_dir``."""
+            member: int = 1, force: bool = False) -> list[pathlib.Path]:
+    """Convert netCDF files (with one labels file per input, or labels inside them) into ``out_dir``.
+
+    Without ``force``, ``out_dir`` must be absent, empty or hold only samples the suite wrote, and no
+    file the suite did not write is replaced."""
     if labels and len(labels) != len(inputs):
         raise DataError(f"--labels: {len(labels)} label file(s) for {len(inputs)} input(s); give one per input")
     out_dir = pathlib.Path(out_dir)
+    check_output_folder(out_dir, force)
     out_dir.mkdir(parents=True, exist_ok=True)
     grid = None
     written: list[pathlib.Path] = []
@@ -163,7 +181,7 @@ def convert(inputs: list[str], out_dir, labels: list[str] | None = None, labels_
                                 "(give each ensemble member its own --member)")
             seen[name] = path
         grid = grid or shape[1:]
-        written += convert_file(path, out_dir, labels[i] if labels else None, labels_var, member, grid)
+        written += convert_file(path, out_dir, labels[i] if labels else None, labels_var, member, grid, force)
     return written
 
 
@@ -174,9 +192,11 @@ def main(argv=None) -> int:
     parser.add_argument("--labels", nargs="+", help="label files (netCDF or HDF5), one per input")
     parser.add_argument("--labels-var", default=DEFAULT_LABELS_VAR, help="name of the label variable")
     parser.add_argument("--member", type=int, default=1, help="ensemble member number in the file names")
+    parser.add_argument("--force", action="store_true",
+                        help="write into a folder holding other files, replacing same-named ones")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        written = convert(args.input, args.out, args.labels, args.labels_var, args.member)
+        written = convert(args.input, args.out, args.labels, args.labels_var, args.member, args.force)
     print(f"wrote {len(written)} sample(s) to {args.out}")
     return 0
 

@@ -163,19 +163,21 @@ def _read_h5py(cfg: ClimateConfig):
     return read
 
 
-def _checked(path, data, labels):
-    """Raise a DataError naming the file for NaN/Inf fields or labels outside 0-2."""
+def _check(path, data, labels):
+    """A float32 zero that the sample's values must be computed through: raises a DataError naming the file
+    for NaN/Inf fields or labels outside 0-2.  (An op used only as a control dependency would be pruned
+    by TensorFlow's graph optimiser: the check must feed the data.)"""
     def check(p, finite, low, high):
         if not finite:
             raise DataError(f"{p.decode()}: climate/data holds NaN or Inf")
         if low < 0 or high >= len(CLASS_NAMES):
-            raise DataError(f"{p.decode()}: climate/labels_0 holds values outside 0-{len(CLASS_NAMES) - 1}")
-        return np.int32(0)
+            raise DataError(f"{p.decode()}: climate/labels_0 holds values {low if low < 0 else high} outside "
+                            f"0-{len(CLASS_NAMES) - 1} ({', '.join(CLASS_NAMES)})")
+        return np.float32(0)
 
-    ok = tf.numpy_function(check, [path, tf.reduce_all(tf.math.is_finite(data)), tf.reduce_min(labels),
-                                   tf.reduce_max(labels)], tf.int32, stateful=False)
-    with tf.control_dependencies([ok]):
-        return tf.identity(data), tf.identity(labels)
+    zero = tf.numpy_function(check, [path, tf.reduce_all(tf.math.is_finite(data)), tf.reduce_min(labels),
+                                     tf.reduce_max(labels)], tf.float32, stateful=False)
+    return tf.ensure_shape(zero, [])
 
 
 # -- per-sample transforms ------------------------------------------------------------------
@@ -220,8 +222,8 @@ def _samples(cfg: ClimateConfig, files: list[SampleFile], stats: dict, dist: Dis
 
     def load(path, data_offset, label_offset):
         fields, labels = read(path, data_offset, label_offset)
-        fields, labels = _checked(path, fields, labels)
-        return downsample((fields - offset) / scale, labels, data.downsample)
+        zero = _check(path, fields, labels)   # folded into the normalisation (exact: x - (o + 0) = x - o)
+        return downsample((fields - (offset + zero)) / scale, labels + tf.cast(zero, tf.int32), data.downsample)
 
     samples = table.map(load, num_parallel_calls=data.read_parallelism, deterministic=True)
     if not staged and not sharded_files:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import pathlib
 
 import h5py
@@ -25,6 +24,7 @@ import numpy as np
 from climate_seg.config import CHANNELS, CLASS_NAMES
 from common.cli import exit_on_user_error, exit_process
 from common.errors import DataError
+from common.outputs import atomic_path, check_replaceable, mark_hdf5
 
 N_CHANNELS = len(CHANNELS)
 
@@ -128,10 +128,11 @@ def compute_stats(files: list[str], dist=None) -> RunningStats:
     return total
 
 
-def write_stats(path, stats: RunningStats, channels=CHANNELS) -> None:
-    path = pathlib.Path(path)
-    temporary = path.with_name(path.name + ".partial")
-    with h5py.File(temporary, "w") as f:
+def write_stats(path, stats: RunningStats, channels=CHANNELS, force: bool = False) -> None:
+    """``stats.h5``, atomically; a file there that this suite did not write is kept (an error) unless ``force``."""
+    with atomic_path(pathlib.Path(path), force, "pass --force to replace it, or --out to write elsewhere") \
+            as temporary, h5py.File(temporary, "w") as f:
+        mark_hdf5(f, "climate_seg.stats")
         f["mean"], f["std"] = stats.mean, stats.std
         f["min"], f["max"] = stats.minimum, stats.maximum
         f["count"] = stats.count
@@ -139,7 +140,6 @@ def write_stats(path, stats: RunningStats, channels=CHANNELS) -> None:
         f["class_frequencies"] = stats.class_counts / max(stats.class_counts.sum(), 1)
         f.attrs["channels"] = ",".join(channels)
         f.attrs["classes"] = ",".join(CLASS_NAMES)
-    os.replace(temporary, path)
 
 
 def load_stats(path) -> dict[str, np.ndarray]:
@@ -163,18 +163,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m climate_seg.stats", description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="directory of training samples (*.h5)")
     parser.add_argument("--out", help="output file (default: stats.h5 beside the directory)")
+    parser.add_argument("--force", action="store_true", help="replace an existing file this suite did not write")
     args = parser.parse_args(argv)
     with exit_on_user_error():
         from common import distributed
         from common.data import list_files
 
         files = list_files(args.directory, ("*.h5",), "climate sample")
+        out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory).resolve().parent / "stats.h5"
+        check_replaceable(out, args.force, "pass --force to replace it, or --out to write elsewhere")  # before the pass
         dist = distributed.init()
         stats = compute_stats(files, dist)
-        out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory).resolve().parent / "stats.h5"
         if dist.is_root:
             # ExtremeWeather files keep their channels in alphabetical order.
-            write_stats(out, stats, sorted(CHANNELS) if is_extremeweather(files[0]) else CHANNELS)
+            write_stats(out, stats, sorted(CHANNELS) if is_extremeweather(files[0]) else CHANNELS, args.force)
             frequencies = stats.class_counts / max(stats.class_counts.sum(), 1)
             print(f"{len(files)} files, {stats.count} pixels over {dist.size} rank(s) -> {out}; class frequencies "
                   + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)), flush=True)

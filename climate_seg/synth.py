@@ -36,6 +36,7 @@ import netCDF4
 import numpy as np
 
 from climate_seg.config import CHANNELS, SynthSection
+from common.outputs import atomic_path, generated_folder, mark_hdf5
 from common.progress import Progress
 
 UNITS = {"TMQ": "kg/m2", "U850": "m/s", "V850": "m/s", "UBOT": "m/s", "VBOT": "m/s", "QREFHT": "kg/kg",
@@ -229,8 +230,8 @@ def sample(rng: np.random.Generator, lat: np.ndarray, lon: np.ndarray,
 def write_netcdf(path: pathlib.Path, lat: np.ndarray, lon: np.ndarray, times_h: np.ndarray,
                  steps: list[tuple[dict[str, np.ndarray], np.ndarray]], labels_var: str | None = LABELS_VAR) -> None:
     """A CAM5-style netCDF file: (time, lat, lon) variables, CF time; written atomically."""
-    temporary = path.with_name(path.name + ".partial")
-    with netCDF4.Dataset(temporary, "w", format="NETCDF4") as nc:
+    with atomic_path(path) as temporary, netCDF4.Dataset(temporary, "w", format="NETCDF4") as nc:
+        mark_hdf5(nc, "climate_seg.synth")
         nc.createDimension("time", None)
         nc.createDimension("lat", len(lat))
         nc.createDimension("lon", len(lon))
@@ -253,32 +254,29 @@ def write_netcdf(path: pathlib.Path, lat: np.ndarray, lon: np.ndarray, times_h: 
             var.flag_values = np.array([0, 1, 2], np.int8)
             var.flag_meanings = "background tropical_cyclone atmospheric_river"
             var[:] = np.stack([labels for _, labels in steps])
-    os.replace(temporary, path)
 
 
 def generate_dataset(out_dir, synth: SynthSection, progress: bool = True) -> dict[str, list[pathlib.Path]]:
-    """Write the train/validation/test netCDF files; returns them by split."""
+    """Write the train/validation/test netCDF files into an absent or empty ``out_dir``; returns them by split."""
     out_dir = pathlib.Path(out_dir)
     lat, lon = grid_coordinates(*synth.grid)
     counts = {"train": synth.n_train, "validation": synth.n_validation, "test": synth.n_test}
-    written: dict[str, list[pathlib.Path]] = {}
-    bar = Progress(sum(counts.values()), "synthetic CAM5 steps", "steps", enabled=progress)
-    for split_index, (split, count) in enumerate(counts.items()):
-        rng = np.random.default_rng([synth.seed, split_index])
-        directory = out_dir / split
-        directory.mkdir(parents=True, exist_ok=True)
-        written[split] = []
-        for file_index, first in enumerate(range(0, count, synth.steps_per_file)):
-            steps = []
-            for _ in range(first, min(count, first + synth.steps_per_file)):
-                steps.append(sample(rng, lat, lon, synth))
-                bar.update()
-            times = SPLIT_START_DAYS[split] * 24.0 + 3.0 * np.arange(first, first + len(steps))
-            path = directory / f"cam5-synth-{split}-{file_index:04d}.nc"
-            write_netcdf(path, lat, lon, times, steps)
-            written[split].append(path)
-    bar.close()
-    return written
+    names: dict[str, list[str]] = {}
+    with generated_folder(out_dir, "synthetic CAM5 netCDF (train/, validation/, test/)") as work, \
+            Progress(sum(counts.values()), "synthetic CAM5 steps", "steps", enabled=progress) as bar:
+        for split_index, (split, count) in enumerate(counts.items()):
+            rng = np.random.default_rng([synth.seed, split_index])
+            (work / split).mkdir()
+            names[split] = []
+            for file_index, first in enumerate(range(0, count, synth.steps_per_file)):
+                steps = []
+                for _ in range(first, min(count, first + synth.steps_per_file)):
+                    steps.append(sample(rng, lat, lon, synth))
+                    bar.update()
+                times = SPLIT_START_DAYS[split] * 24.0 + 3.0 * np.arange(first, first + len(steps))
+                names[split].append(f"cam5-synth-{split}-{file_index:04d}.nc")
+                write_netcdf(work / split / names[split][-1], lat, lon, times, steps)
+    return {split: [out_dir / split / name for name in files] for split, files in names.items()}
 
 
 def main(argv=None) -> int:
@@ -294,7 +292,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     synth = SynthSection(grid=tuple(args.grid), n_train=args.n_train, n_validation=args.n_validation,
                          n_test=args.n_test, steps_per_file=args.steps_per_file, seed=args.seed)
-    written = generate_dataset(args.out, synth, progress=sys.stderr.isatty())
+    from common.cli import exit_on_user_error
+
+    with exit_on_user_error():
+        written = generate_dataset(args.out, synth, progress=sys.stderr.isatty())
     for split, paths in written.items():
         print(f"{split}: {len(paths)} netCDF file(s) in {pathlib.Path(args.out) / split}")
     return 0
@@ -353,44 +354,41 @@ def write_extremeweather(path, images: np.ndarray, boxes: np.ndarray, labeled: n
     (N, 15, 5) [ymin, xmin, ymax, xmax, class] padded with -1, ``labeled`` (N,); written atomically."""
     import h5py
 
-    path = pathlib.Path(path)
-    temporary = path.with_name(path.name + ".partial")
-    with h5py.File(temporary, "w") as f:
+    with atomic_path(pathlib.Path(path)) as temporary, h5py.File(temporary, "w") as f:
+        mark_hdf5(f, "climate_seg.synth")
         f.create_dataset("images", data=images.astype(np.float32))
         f.create_dataset("boxes", data=boxes.astype(np.float32))
         if labeled is not None:
             f.create_dataset("labeled", data=labeled.astype(np.int8))
         f.attrs["channels"] = ",".join(sorted(CHANNELS))
-    os.replace(temporary, path)
 
 
 def generate_detection_dataset(out_dir, synth, progress: bool = True) -> dict[str, list[pathlib.Path]]:
-    """Train/validation/test files of snapshots with boxes; every ``unlabeled_every``-th training
-    snapshot is written unlabeled (no boxes, ``labeled`` 0)."""
+    """Train/validation/test files of snapshots with boxes, into an absent or empty ``out_dir``; every
+    ``unlabeled_every``-th training snapshot is written unlabeled (no boxes, ``labeled`` 0)."""
     out_dir = pathlib.Path(out_dir)
     lat, lon = grid_coordinates(*synth.grid)
     names = sorted(CHANNELS)
     counts = {"train": synth.n_train, "validation": synth.n_validation, "test": synth.n_test}
-    written: dict[str, list[pathlib.Path]] = {}
-    bar = Progress(sum(counts.values()), "synthetic detection snapshots", "snapshots", enabled=progress)
-    for split_index, (split, count) in enumerate(counts.items()):
-        rng = np.random.default_rng([synth.seed, 100 + split_index])
-        (out_dir / split).mkdir(parents=True, exist_ok=True)
-        written[split] = []
-        for file_index, first in enumerate(range(0, count, synth.samples_per_file)):
-            n = min(synth.samples_per_file, count - first)
-            images = np.empty((n, len(names), *synth.grid), np.float32)
-            boxes = np.empty((n, MAX_BOXES, 5), np.float32)
-            labeled = np.ones(n, np.int8)
-            for k in range(n):
-                fields, boxes[k] = detection_sample(rng, lat, lon)
-                images[k] = np.stack([fields[name] for name in names])
-                if split == "train" and synth.unlabeled_every and (first + k) % synth.unlabeled_every == 1:
-                    labeled[k] = 0
-                    boxes[k] = -1.0
-                bar.update()
-            path = out_dir / split / f"extremeweather-synth-{split}-{file_index:03d}.h5"
-            write_extremeweather(path, images, boxes, labeled)
-            written[split].append(path)
-    bar.close()
-    return written
+    files: dict[str, list[str]] = {}
+    with generated_folder(out_dir, "ExtremeWeather-layout snapshots (train/, validation/, test/)") as work, \
+            Progress(sum(counts.values()), "synthetic detection snapshots", "snapshots", enabled=progress) as bar:
+        for split_index, (split, count) in enumerate(counts.items()):
+            rng = np.random.default_rng([synth.seed, 100 + split_index])
+            (work / split).mkdir()
+            files[split] = []
+            for file_index, first in enumerate(range(0, count, synth.samples_per_file)):
+                n = min(synth.samples_per_file, count - first)
+                images = np.empty((n, len(names), *synth.grid), np.float32)
+                boxes = np.empty((n, MAX_BOXES, 5), np.float32)
+                labeled = np.ones(n, np.int8)
+                for k in range(n):
+                    fields, boxes[k] = detection_sample(rng, lat, lon)
+                    images[k] = np.stack([fields[name] for name in names])
+                    if split == "train" and synth.unlabeled_every and (first + k) % synth.unlabeled_every == 1:
+                        labeled[k] = 0
+                        boxes[k] = -1.0
+                    bar.update()
+                files[split].append(f"extremeweather-synth-{split}-{file_index:03d}.h5")
+                write_extremeweather(work / split / files[split][-1], images, boxes, labeled)
+    return {split: [out_dir / split / name for name in listed] for split, listed in files.items()}

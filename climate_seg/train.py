@@ -20,6 +20,8 @@ from climate_seg.stats import compute_stats, write_stats
 from climate_seg.synth import generate_dataset
 from common.cli import exit_process, run_train
 from common.data import list_files
+from common.errors import ConfigError
+from common.outputs import generated_folder
 from common.metrics import ConfusionMatrix
 from common.trainer import Application, MlperfSpec
 
@@ -27,14 +29,19 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _prepare(cfg, generate, what: str, stats_of, stats_file: pathlib.Path, channels) -> None:
-    """Generate synthetic data when asked and missing, then the statistics when missing."""
+    """Generate synthetic data into an absent or empty ``data.data_dir`` when asked, then the statistics
+    when missing (a new file beside the data, never over one)."""
     data = cfg.data
     root = pathlib.Path(data.data_dir)
+    stats_name = stats_file.relative_to(root) if stats_file.is_relative_to(root) else None
     if data.synth.generate_if_missing and not any((root / "train").glob("*.h5")):
         if tuple(data.synth.grid) != tuple(data.grid):
-            from common.errors import ConfigError
             raise ConfigError(f"data.synth.grid {list(data.synth.grid)} must equal data.grid {list(data.grid)}")
-        generate(root)
+        with generated_folder(root, "climate data (train/, validation/, test/ of *.h5 files)") as work:
+            generate(work)
+            if stats_name is not None:
+                write_stats(work / stats_name, stats_of(list_files(work / "train", ("*.h5",), f"{what} train")),
+                            channels)
         print(f"generated synthetic {what} in {root}/{{{','.join(SPLITS)}}}", flush=True)
     if (root / "train").is_dir() and not stats_file.is_file():
         write_stats(stats_file, stats_of(list_files(root / "train", ("*.h5",), f"{what} train")), channels)

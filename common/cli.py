@@ -54,6 +54,9 @@ def train_parser(app) -> argparse.ArgumentParser:
                         help="override a config key, e.g. --set optimizer.learning_rate=0.01 (repeatable)")
     parser.add_argument("--output-dir", help="run directory (default: train.output_dir or runs/<app>-<config>)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
+    parser.add_argument("--force", action="store_true",
+                        help="start afresh over an earlier run in --output-dir (its checkpoints are removed), "
+                             "or write into a folder holding files this suite did not write")
     parser.add_argument("--dry-run", action="store_true",
                         help="build the model without data; print parameters and FLOPs as JSON")
     parser.add_argument("--measure-peak", action="store_true",
@@ -88,7 +91,7 @@ def run_train(app, argv=None) -> int:
                                 groups=cfg.distributed.groups)
         output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
         try:
-            train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak)
+            train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak, force=args.force)
         except Preempted as exc:
             if dist.is_root:
                 print(f"preempted: {exc}; rerun with --resume (exit {EXIT_PREEMPTED})", file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ shared-seed file shuffling with rank sharding, and staging to local storage."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import re
@@ -15,6 +16,7 @@ import tensorflow as tf
 
 from common.distributed import Distributed
 from common.errors import DataError
+from common.outputs import atomic_path, write_json
 
 
 @dataclasses.dataclass
@@ -174,22 +176,42 @@ def shards_files(num_files: int, dist: Distributed) -> bool:
     return num_files >= dist.size
 
 
+STAGE_MANIFEST = ".hpc-dl-suite-staged.json"
+
+
 def stage_files(files: list[str], stage_dir: str, dist: Distributed) -> list[str]:
     """Copy this rank's share of ``files`` to ``stage_dir/rank-<r>`` (parallel copies).
 
     Staged files keep a fixed rank assignment (rank r takes files r, r+size,
-    ...); files already staged with the same size are not copied again.
+    ...); files already staged with the same size are not copied again.  The
+    folder's manifest lists what the suite staged there: a folder holding files
+    it does not list is refused, and only listed files are ever replaced.
     """
     mine = files[dist.rank::dist.size]
     target = pathlib.Path(stage_dir) / f"rank-{dist.rank}"
+    manifest_path = target / STAGE_MANIFEST
+    staged: dict[str, str] = {}
+    if manifest_path.is_file():
+        staged = json.loads(manifest_path.read_text()).get("files", {})
+    if target.is_dir():
+        foreign = sorted(p.name for p in target.iterdir() if p.name != STAGE_MANIFEST and p.name not in staged
+                         and not (p.name.startswith(".") and p.name.endswith(".partial")))  # a killed copy
+        if foreign:
+            raise DataError(f"{target}: data.stage_dir holds files this suite did not stage ({len(foreign)}: "
+                            f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); choose another "
+                            "data.stage_dir or empty it")
+    names = [pathlib.Path(source).name for source in mine]
+    if len(set(names)) != len(names):
+        raise DataError(f"{stage_dir}: two training files of rank {dist.rank} share a name; staging needs unique names")
     target.mkdir(parents=True, exist_ok=True)
+    staged.update({name: source for name, source in zip(names, mine)})
+    write_json(manifest_path, {"files": staged}, "common.data staging", force=True)  # listed before copied
 
     def copy(source: str) -> str:
         destination = target / pathlib.Path(source).name
         if not destination.exists() or destination.stat().st_size != os.path.getsize(source):
-            temporary = destination.with_name(destination.name + ".staging")
-            shutil.copyfile(source, temporary)
-            temporary.replace(destination)
+            with atomic_path(destination, force=True) as temporary:   # listed in the manifest: ours
+                shutil.copyfile(source, temporary)
         return str(destination)
 
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(mine)))) as pool:

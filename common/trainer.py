@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from common import checkpoint, cpu, precision
+from common import checkpoint, cpu, outputs, precision
 from common.callbacks import (AverageMetricsOverRanks, AverageNonTrainableOverRanks, EpochReport, LearningRateLog,
                               PoolConfusionOverRanks, SaveCheckpoint, Throughput, rng_variables, state_variables)
 from common.config import AppConfig, save_config
@@ -183,27 +183,33 @@ def measure_peak_flops(cfg: AppConfig, dist: Distributed) -> float:
 def _atomic_save_model(network: keras.Model, path: pathlib.Path) -> None:
     from common.layers import plain_keras
 
-    temporary = path.with_name(path.stem + ".partial.keras")
-    plain_keras(network).save(temporary)  # loads with Keras alone
-    os.replace(temporary, path)
+    with outputs.atomic_path(path, suffix=".keras") as temporary:
+        plain_keras(network).save(temporary)  # loads with Keras alone
 
 
 def _write_json(path: pathlib.Path, payload: dict) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(temporary, path)
+    with outputs.atomic_path(path) as temporary:
+        temporary.write_text(json.dumps(payload, indent=2) + "\n")
 
 
 def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str | pathlib.Path,
-          resume: bool = False, measure_peak: bool = False) -> dict:
-    """Train ``app`` as configured; write the run directory; return the summary."""
+          resume: bool = False, measure_peak: bool = False, force: bool = False) -> dict:
+    """Train ``app`` as configured; write the run directory; return the summary.
+
+    ``force``: start afresh in a run directory of an earlier run (its checkpoints are removed) or write
+    into one that holds files the suite did not write (the run's own file names replace theirs)."""
     started = time.time()
     output_dir = pathlib.Path(output_dir)
     checkpoint_dir = output_dir / "checkpoints"
+    outputs.check_run_dir(output_dir, resume, force)
     latest = checkpoint.latest_checkpoint(checkpoint_dir)
-    if latest is not None and not resume:
+    earlier_run = latest is not None and not resume
+    if earlier_run and not force:
         raise UserInputError(f"{output_dir}: holds checkpoints of an earlier run ({latest.name}); "
-                             "pass --resume to continue it or choose another --output-dir")
+                             "pass --resume to continue it, --force to start afresh, or choose another --output-dir")
+    if earlier_run and not outputs.written_by_suite(output_dir):
+        raise UserInputError(f"{checkpoint_dir}: holds checkpoints this suite did not mark as its own "
+                             f"({latest.name}); not removed: choose another --output-dir")
     configure_determinism(cfg, dist)
     cfg.train.precision = dist.broadcast_object(precision.resolve(cfg.train.precision))  # "auto" decided once
     precision.check_device_support(cfg.train.precision)
@@ -216,7 +222,10 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     datasets = app.build_datasets(cfg, dist)
     # Written only once the config and data have passed their checks: bad input overwrites nothing.
     if dist.is_root:
-        output_dir.mkdir(parents=True, exist_ok=True)
+        outputs.mark_run_dir(output_dir, app.name)
+        if earlier_run:   # --force over a run of this suite: its checkpoints would mix with this run's
+            for old in checkpoint.list_checkpoints(checkpoint_dir):
+                old.unlink()
         save_config(cfg, output_dir / "config.yaml")
     mlperf_log = MlperfLog(output_dir / cfg.mlperf.log_file, enabled=cfg.mlperf.enabled and app.mlperf is not None
                            and dist.is_root)

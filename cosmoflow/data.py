@@ -186,7 +186,7 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
 
 
 def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed, training: bool):
-    """(x int16, y float32[4]) per sample for this rank, shuffled with ``seed`` when training.
+    """(x int16, y float32[4], file name) per sample for this rank, shuffled with ``seed`` when training.
 
     With staging, ``files`` are this rank's staged copies (a fixed share).
     """
@@ -207,7 +207,8 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
         def read_file(name):
             records = tf.data.TFRecordDataset(name, compression_type=_compression(data), buffer_size=buffer_size)
             # With on_bad_file: skip, damage found while reading (past the start-up checks) drops the rest of that file.
-            return records.ignore_errors(log_warning=True) if data.on_bad_file == "skip" else records
+            records = records.ignore_errors(log_warning=True) if data.on_bad_file == "skip" else records
+            return records.map(lambda record: (record, name))   # the file name travels with its samples
 
         records = names.interleave(
             read_file,
@@ -215,7 +216,7 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
             cycle_length=min(8, len(files)) if training else 1, num_parallel_calls=AUTOTUNE, deterministic=True)
         if record_sharding:
             records = records.shard(dist.size, dist.rank)
-        return records.map(lambda r: parse_example(r, shape), num_parallel_calls=AUTOTUNE)
+        return records.map(lambda r, name: (*parse_example(r, shape), name), num_parallel_calls=AUTOTUNE)
 
     paths = tf.constant([p for p, _ in index])
     crops = tf.constant([c for _, c in index], dtype=tf.int64)
@@ -229,15 +230,43 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
                                  [tf.int16, tf.float32], stateful=False)
         x.set_shape(shape)
         y.set_shape([len(TARGET_NAMES)])
-        return x, y
+        return x, y, path
 
     return items.map(read, num_parallel_calls=AUTOTUNE)
 
 
-def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed) -> tf.data.Dataset:
+def check_batch(x, y, files):
+    """A float32 zero the batch's targets are computed through: raises a DataError naming the first file
+    whose sample holds negative particle counts or non-finite targets.  (It must feed the data: an op used
+    only as a control dependency would be pruned by TensorFlow's graph optimiser.)"""
+    def check(names, lowest, finite):
+        for name, low, ok in zip(names, lowest, finite):
+            if low < 0:
+                raise DataError(f"{name.decode()}: 'x' holds negative particle counts (lowest {low})")
+            if not ok:
+                raise DataError(f"{name.decode()}: 'y' holds NaN or Inf")
+        return np.float32(0)
+
+    spatial = list(range(1, len(x.shape)))
+    zero = tf.numpy_function(check, [files, tf.reduce_min(x, axis=spatial), tf.reduce_all(tf.math.is_finite(y), 1)],
+                             tf.float32, stateful=False)
+    return tf.ensure_shape(zero, [])
+
+
+def _inputs_and_targets(cfg: CosmoflowConfig, dtype=tf.float32):
+    """(x, y, files) batch -> (normalised x, selected targets), both checked (:func:`check_batch`)."""
     data = cfg.data
     target_index = [TARGET_NAMES.index(n) for n in data.target_names]
-    dtype = compute_dtype(cfg.train.precision)
+
+    def finish(x, y, files):
+        zero = check_batch(x, y, files)
+        return normalise(x, data.apply_log, dtype), tf.gather(y, target_index, axis=1) + zero
+
+    return finish
+
+
+def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed) -> tf.data.Dataset:
+    data = cfg.data
 
     # Shuffle, augment and batch the raw int16 counts; normalise whole batches last: flips and permutations
     # commute with the element-wise normalisation, 2-byte values halve the memory traffic and the shuffle
@@ -247,14 +276,13 @@ def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, se
         dataset = dataset.shuffle(data.shuffle_buffer, seed=seed)
     if training and data.augment:
         seeds = tf.data.Dataset.random(seed=seed + 1).batch(2)
-        dataset = tf.data.Dataset.zip((dataset, seeds)).map(lambda xy, s: (augment(xy[0], s), xy[1]),
+        dataset = tf.data.Dataset.zip((dataset, seeds)).map(lambda xyf, s: (augment(xyf[0], s), *xyf[1:]),
                                                             num_parallel_calls=AUTOTUNE)
     if data.batch_size == 1:  # a batch of one is a reshape, not a 16 MiB copy
-        dataset = dataset.map(lambda x, y: (x[tf.newaxis], y[tf.newaxis]))
+        dataset = dataset.map(lambda x, y, f: (x[tf.newaxis], y[tf.newaxis], f[tf.newaxis]))
     else:
         dataset = dataset.batch(data.batch_size, drop_remainder=True)
-    return dataset.map(lambda x, y: (normalise(x, data.apply_log, dtype), tf.gather(y, target_index, axis=1)),
-                       num_parallel_calls=AUTOTUNE)
+    return dataset.map(_inputs_and_targets(cfg, compute_dtype(cfg.train.precision)), num_parallel_calls=AUTOTUNE)
 
 
 def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
@@ -289,10 +317,7 @@ def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple
     """Every sample of a split, in file order, in batches (the last one may be short)."""
     files, used, index, _ = _split_samples(cfg, split, None, "data", Distributed(None))
     records = _records(cfg, files, index, Distributed(None), cfg.train.seed, training=False)
-    target_index = [TARGET_NAMES.index(n) for n in cfg.data.target_names]
-    dataset = records.batch(cfg.data.batch_size).map(
-        lambda x, y: (normalise(x, cfg.data.apply_log), tf.gather(y, target_index, axis=1)),
-        num_parallel_calls=AUTOTUNE)
+    dataset = records.batch(cfg.data.batch_size).map(_inputs_and_targets(cfg), num_parallel_calls=AUTOTUNE)
     return dataset.prefetch(AUTOTUNE), used
 
 

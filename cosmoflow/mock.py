@@ -14,8 +14,9 @@ like ``unitPar`` in the MLPerf data.
 
 Output layout: ``DIR/train/`` and ``DIR/validation/``, one TFRecord file per
 sample (MLPerf layout: ``x`` int16 bytes, ``y`` float32[4]), or HDF5 files with
-``full`` (counts, channels last) and ``unitPar``.  The directory appears only
-when complete (written to ``DIR.partial`` and renamed).
+``full`` (counts, channels last) and ``unitPar``.  ``DIR`` must be absent or
+empty; it appears only when complete (written to a new folder beside it and
+renamed, :func:`common.outputs.generated_folder`).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ import argparse
 import multiprocessing
 import os
 import pathlib
-import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from common.outputs import generated_folder, mark_hdf5
 from common.progress import Progress
+from common.errors import ConfigError
 from cosmoflow.config import TARGET_NAMES, MockSection
 
 OMEGA_B = 0.049  # baryon density, fixed (Planck 2018)
@@ -170,6 +172,7 @@ def write_hdf5(path, full: np.ndarray, unit_par: np.ndarray, physical: np.ndarra
     import h5py
 
     with h5py.File(path, "w") as f:
+        mark_hdf5(f, "cosmoflow.mock")
         f.create_dataset("full", data=np.asarray(full, np.int16), chunks=True)
         f.create_dataset("unitPar", data=np.asarray(unit_par, np.float32))
         if physical is not None:
@@ -198,57 +201,58 @@ def generate_dataset(out_dir, n_train: int, n_valid: int, grid: int, mock: MockS
                      progress: bool = True, workers: int | None = None) -> pathlib.Path:
     """Write ``out_dir/train`` and ``out_dir/validation``; atomic at the directory level.
 
-    Samples are computed by ``workers`` processes (default: one per available CPU) and written in
-    order by this one; the files are the same whatever the number of workers."""
+    ``out_dir`` must be absent or empty.  Samples are computed by ``workers`` processes (default: one per
+    available CPU) and written in order by this one; the files are the same whatever the number of workers."""
     out_dir = pathlib.Path(out_dir)
-    partial = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
     extension = {"tfrecord": ".tfrecord" + (".gz" if compression == "gzip" else ""), "hdf5": ".h5"}[file_format]
     side = grid * crops_per_side
     box = mock.box_size_mpc_h * crops_per_side
     workers = max(1, min(workers or available_cpus(), n_train + n_valid))
-    # spawn, not fork: the caller may be a training rank with TensorFlow's and Horovod's threads running.
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
-    try:
-        for split_id, (split, count) in enumerate((("train", n_train), ("validation", n_valid))):
-            split_dir = partial / split
-            split_dir.mkdir(parents=True)
-            tasks = [(split_id, index, side, box, mock) for index in range(count)]
-            universes = pool.map(seeded_universe, tasks) if pool else map(seeded_universe, tasks)
-            with Progress(count, f"mock {split}", "samples", enabled=progress) as bar:
-                for index, (counts, unit, params) in enumerate(universes):
-                    path = split_dir / f"univ_{split}_{index:06d}{extension}"
-                    if file_format == "tfrecord":
-                        write_tfrecord(path, [(counts, unit)], compression)
-                    else:
-                        write_hdf5(path, counts, unit, params)
-                    bar.update()
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    partial.rename(out_dir)
+    with generated_folder(out_dir, EXPECTED_LAYOUT) as work:
+        # spawn, not fork: the caller may be a training rank with TensorFlow's and Horovod's threads running.
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
+        try:
+            for split_id, (split, count) in enumerate((("train", n_train), ("validation", n_valid))):
+                split_dir = work / split
+                split_dir.mkdir()
+                tasks = [(split_id, index, side, box, mock) for index in range(count)]
+                universes = pool.map(seeded_universe, tasks) if pool else map(seeded_universe, tasks)
+                with Progress(count, f"mock {split}", "samples", enabled=progress) as bar:
+                    for index, (counts, unit, params) in enumerate(universes):
+                        path = split_dir / f"univ_{split}_{index:06d}{extension}"
+                        if file_format == "tfrecord":
+                            write_tfrecord(path, [(counts, unit)], compression)
+                        else:
+                            write_hdf5(path, counts, unit, params)
+                        bar.update()
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
     return out_dir
 
 
+EXPECTED_LAYOUT = "CosmoFlow data (train/ and validation/ folders of sample files)"
+
+
 def dataset_present(data_dir) -> bool:
+    """Whether ``data_dir`` holds train/ and validation/ with files in them."""
     data_dir = pathlib.Path(data_dir)
-    return all(any((data_dir / split).glob("*")) for split in ("train", "validation")) if data_dir.is_dir() else False
+    return all((data_dir / split).is_dir() and any((data_dir / split).iterdir()) for split in ("train", "validation"))
 
 
 def ensure_mock_data(cfg, progress: bool = True) -> bool:
-    """Generate the configured mock dataset when it is missing; True if it wrote one."""
+    """Generate the configured mock dataset into an absent or empty ``data.data_dir``; True if it wrote one.
+
+    A folder holding anything but train/ and validation/ with files is an error, never written into."""
     data = cfg.data
     if dataset_present(data.data_dir):
         return False
     grid = data.sample_shape[0]
     if len(set(data.sample_shape[:3])) != 1:
-        raise ValueError("mock volumes are cubes: data.sample_shape must have three equal spatial sizes")
+        raise ConfigError("mock volumes are cubes: data.sample_shape must have three equal spatial sizes")
     if data.sample_shape[3] != len(data.mock.redshifts):
-        raise ValueError(f"data.sample_shape has {data.sample_shape[3]} channels but data.mock.redshifts has "
-                         f"{len(data.mock.redshifts)}")
+        raise ConfigError(f"data.sample_shape has {data.sample_shape[3]} channels but data.mock.redshifts has "
+                          f"{len(data.mock.redshifts)}")
     generate_dataset(data.data_dir, data.mock.n_train, data.mock.n_valid, grid, data.mock,
                      file_format=data.format, compression=data.compression, progress=progress)
     return True
@@ -266,7 +270,6 @@ def main(argv=None) -> int:
     parser.add_argument("--gzip", action="store_true", help="GZIP-compressed TFRecords")
     parser.add_argument("--crops-per-side", type=int, default=1, help="HDF5: volumes of (size * this)^3, cut into crops")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--force", action="store_true", help="regenerate even when the data is present")
     parser.add_argument("--workers", type=int, help="processes computing samples (default: one per CPU)")
     args = parser.parse_args(argv)
 
@@ -280,8 +283,8 @@ def main(argv=None) -> int:
         data = cfg.data
         out = pathlib.Path(args.out or data.data_dir)
         mock = data.mock.model_copy(update={"seed": args.seed} if args.seed is not None else {})
-        if dataset_present(out) and not args.force:
-            print(f"mock data already present in {out}; --force regenerates it")
+        if dataset_present(out):
+            print(f"mock data already present in {out}; to regenerate, remove it or choose another --out")
             return 0
         grid = args.size or data.sample_shape[0]
         generate_dataset(out, args.n_train or mock.n_train, args.n_valid or mock.n_valid, grid, mock,

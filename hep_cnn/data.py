@@ -157,9 +157,11 @@ def load_maxima(cfg: HepConfig) -> dict:
         raise DataError(f"{path}: training-set maxima not found; run python -m hep_cnn.maxima --config <config>")
     try:
         maxima = json.loads(path.read_text())
-        assert len(maxima["channel_max"]) == 3 and maxima["weight_max"] > 0
-    except (ValueError, KeyError, AssertionError, TypeError):
-        raise DataError(f"{path}: expected JSON with channel_max (3 numbers) and weight_max > 0") from None
+        valid = len(maxima["channel_max"]) == 3 and maxima["weight_max"] > 0
+    except (ValueError, KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise DataError(f"{path}: expected JSON with channel_max (3 numbers) and weight_max > 0")
     return maxima
 
 

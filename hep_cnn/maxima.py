@@ -11,21 +11,20 @@ split; the pipeline divides each channel by its maximum and, with
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 from common.cli import exit_on_user_error
 
 
-def write_maxima(cfg) -> dict:
+def write_maxima(cfg, force: bool = False) -> dict:
+    """Compute and write the maxima; a file there that this suite did not write is kept (an error)."""
+    from common.outputs import check_replaceable, write_json
     from hep_cnn.data import compute_maxima, maxima_path
 
-    maxima = compute_maxima(cfg)
     path = maxima_path(cfg)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(maxima, indent=2) + "\n")
-    os.replace(temporary, path)
+    check_replaceable(path, force, "pass --force to replace it, or set data.maxima_file to another name")
+    maxima = compute_maxima(cfg)
+    write_json(path, maxima, "hep_cnn.maxima", force)
     return maxima
 
 
@@ -33,6 +32,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hep_cnn.maxima", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--force", action="store_true", help="replace a maxima file this suite did not write")
     args = parser.parse_args(argv)
     with exit_on_user_error():
         from common.config import load_config
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         from hep_cnn.data import maxima_path
 
         cfg = load_config(HepConfig, args.config, args.set)
-        maxima = write_maxima(cfg)
+        maxima = write_maxima(cfg, args.force)
         print(f"wrote {maxima_path(cfg)}: channel maxima {maxima['channel_max']}, weight max {maxima['weight_max']:.4g}")
     return 0
 

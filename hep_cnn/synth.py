@@ -30,12 +30,12 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
-import shutil
 import sys
 
 import h5py
 import numpy as np
 
+from common.outputs import generated_folder, mark_hdf5
 from common.progress import Progress
 
 CUT_JET_PT = 80.0
@@ -134,6 +134,7 @@ def write_all_events(path, images, labels, weights, pass_sr) -> None:
     """The ATLAS-style layout (chunked, compressed: the images are mostly empty)."""
     chunk = (min(64, len(labels)),) + images.shape[2:]
     with h5py.File(path, "w") as f:
+        mark_hdf5(f, "hep_cnn.synth")
         group = f.create_group("all_events")
         for name, channel in (("hist", 0), ("histEM", 1), ("histtrack", 2)):
             group.create_dataset(name, data=images[:, channel], chunks=chunk, compression="gzip",
@@ -146,6 +147,7 @@ def write_all_events(path, images, labels, weights, pass_sr) -> None:
 def write_benchmark(path, images, labels, weights, pass_sr) -> None:
     """The SC17 benchmark layout: root datasets, images NCHW."""
     with h5py.File(path, "w") as f:
+        mark_hdf5(f, "hep_cnn.synth")
         f.create_dataset("data", data=images, chunks=(min(64, len(labels)),) + images.shape[1:], compression="gzip",
                          compression_opts=1, shuffle=True)
         f.create_dataset("label", data=labels)
@@ -157,24 +159,27 @@ def write_benchmark(path, images, labels, weights, pass_sr) -> None:
 def generate_dataset(out_dir, n_train: int, n_validation: int, n_test: int, image_size: int = 64,
                      signal_fraction: float = 0.5, events_per_file: int = 1000, seed: int = 2017,
                      layout: str = "all_events", progress: bool = True) -> pathlib.Path:
-    """Write train/val/test files; the directory appears only when complete."""
+    """Write train/val/test files into an absent or empty ``out_dir``; it appears only when complete."""
     out_dir = pathlib.Path(out_dir)
-    partial = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     writer = write_all_events if layout == "all_events" else write_benchmark
     total = n_train + n_validation + n_test
-    with Progress(total, "synthetic events", "events", enabled=progress) as bar:
+    with generated_folder(out_dir, EXPECTED_LAYOUT) as work, \
+            Progress(total, "synthetic events", "events", enabled=progress) as bar:
         for split_id, (split, count) in enumerate((("train", n_train), ("val", n_validation), ("test", n_test))):
             for index, start in enumerate(range(0, count, events_per_file)):
                 n = min(events_per_file, count - start)
                 rng = np.random.default_rng([seed, split_id, index])
-                writer(partial / f"{split}_{index:04d}.h5", *generate_events(n, image_size, signal_fraction, rng))
+                writer(work / f"{split}_{index:04d}.h5", *generate_events(n, image_size, signal_fraction, rng))
                 bar.update(n)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    partial.rename(out_dir)
     return out_dir
+
+
+EXPECTED_LAYOUT = "HEP event files (*.h5 / *.hdf5)"
+
+
+def dataset_present(directory) -> bool:
+    directory = pathlib.Path(directory)
+    return directory.is_dir() and any(p.suffix in (".h5", ".hdf5") for p in directory.iterdir())
 
 
 def main(argv=None) -> int:
@@ -188,7 +193,6 @@ def main(argv=None) -> int:
     parser.add_argument("--image-size", type=int)
     parser.add_argument("--layout", choices=["all_events", "benchmark"])
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--force", action="store_true", help="regenerate even when files are present")
     args = parser.parse_args(argv)
 
     from common.cli import exit_on_user_error
@@ -199,8 +203,8 @@ def main(argv=None) -> int:
         cfg = load_config(HepConfig, args.config, args.set,
                           defaults={"data": {"data_dir": args.out or "data/hep-synthetic"}})
         out = pathlib.Path(args.out or cfg.data.data_dir)
-        if out.is_dir() and any(out.glob("*.h5")) and not args.force:
-            print(f"events already present in {out}; --force regenerates them")
+        if dataset_present(out):
+            print(f"events already present in {out}; to regenerate, remove it or choose another --out")
             return 0
         synth = cfg.data.synth
         generate_dataset(out, args.n_train or synth.n_train, args.n_validation or synth.n_validation,

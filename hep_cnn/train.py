@@ -16,7 +16,7 @@ from hep_cnn.config import HepConfig
 from hep_cnn.data import build_datasets, check_data, maxima_path
 from hep_cnn.maxima import write_maxima
 from hep_cnn.model import build_model
-from hep_cnn.synth import generate_dataset
+from hep_cnn.synth import dataset_present, generate_dataset
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 def _prepare_data(cfg: HepConfig) -> None:
     data = cfg.data
     directory = pathlib.Path(data.data_dir)
-    if data.synth.generate_if_missing and not any(directory.glob("*.h5")):
+    if data.synth.generate_if_missing and not dataset_present(directory):
         s = data.synth
         generate_dataset(directory, s.n_train, s.n_validation, s.n_test, data.image_size, s.signal_fraction,
                          s.events_per_file, s.seed, data.layout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 
 import h5py
 import keras
@@ -463,6 +464,31 @@ def test_tiny_deeplab_trains_and_evaluates(tiny_climate, tmp_path, onednn):
     run_python(["-m", "climate_seg.evaluate", "--run-dir", str(run), "--split", "validation"], env=kernels)
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["split"] == "validation" and metrics["n_samples"] == 4
+
+
+@pytest.mark.parametrize("split,dataset,index,value,message", [
+    ("train", "climate/data", (5, 7, 3), np.nan, "climate/data holds NaN or Inf"),
+    ("validation", "climate/labels_0", (0, 41), 7, "climate/labels_0 holds values 7 outside 0-2"),
+])
+@pytest.mark.parametrize("reader", ["raw", "h5py"])
+def test_bad_values_stop_the_run_naming_the_file(tiny_climate, tmp_path, split, dataset, index, value, message,
+                                                 reader):
+    """NaN fields and labels out of range, found as the samples are read (on the fast raw path too)."""
+    root = tmp_path / "data"
+    shutil.copytree(tiny_climate, root, ignore=shutil.ignore_patterns("netcdf"))
+    victim = sorted((root / split).glob("*.h5"))[1]
+    with h5py.File(victim, "r+") as f:
+        values = f[dataset][()]
+        values[index] = value
+        del f[dataset]
+        # Contiguous: the raw reader takes it; chunked: the h5py reader does.
+        f.create_dataset(dataset, data=values, chunks=True if reader == "h5py" else None)
+    result = run_python(["-m", "climate_seg.train", "--config", "configs/climate_seg/demo_tiramisu.yaml",
+                         "--output-dir", str(tmp_path / "run"), *tiny_train_overrides(root, "tiramisu", epochs=1)],
+                        check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == f"error: {victim}: {message}" + \
+        (" (background, cyclone, river)" if "labels" in dataset else "")
 
 
 def test_bad_sample_is_a_one_line_error(tiny_climate, tmp_path):

@@ -147,7 +147,7 @@ def test_staging_copies_this_ranks_share(tmp_path):
             self.rank, self.size = 1, 2
 
     datasets = build_datasets(cfg, Rank1())
-    staged = sorted(p.name for p in (stage / "rank-1").iterdir())
+    staged = sorted(p.name for p in (stage / "rank-1").glob("*.tfrecord"))
     assert staged == ["part_0001.tfrecord", "part_0003.tfrecord", "part_0005.tfrecord"]
     values = sorted(round(float(v), 6) for _, y in datasets.train_epoch(0).take(1) for v in y.numpy()[:, 0])
     originals = {round(float(s[1][0]), 6) for i, s in enumerate(make_samples(6, 8)) if i % 2 == 1}
@@ -196,3 +196,35 @@ def test_batched_normalisation_divides_each_sample_by_its_own_mean(tmp_path):
     for i in range(2):
         volume = samples[i][0].astype(np.float64)
         np.testing.assert_allclose(x.numpy()[i], volume / volume.mean(), rtol=1e-5)
+
+
+def write_hdf5_volumes(directory, samples):
+    directory.mkdir(parents=True)
+    for i, (x, y) in enumerate(samples):
+        with h5py.File(directory / f"univ_{i}.h5", "w") as f:
+            f["full"], f["unitPar"] = x, y
+
+
+@pytest.mark.parametrize("case", ["nan_target", "negative"])
+@pytest.mark.parametrize("file_format", ["tfrecord", "hdf5"])
+def test_bad_values_are_named_by_file_as_they_are_read(tmp_path, case, file_format):
+    from common.data import data_error_from_pipeline
+
+    samples = make_samples(4, 12)
+    x, y = samples[2]
+    if case == "nan_target":
+        y[1] = np.nan
+    else:
+        x[3, 4, 5, 1] = -3
+    write = write_tfrecords if file_format == "tfrecord" else write_hdf5_volumes
+    write(tmp_path / "train", samples)
+    write(tmp_path / "validation", make_samples(2, 13))
+    victim = tmp_path / "train" / ("part_0002.tfrecord" if file_format == "tfrecord" else "univ_2.h5")
+    datasets = build_datasets(config(tmp_path, format=file_format), Distributed(None))
+    with pytest.raises(tf.errors.OpError) as raised:
+        for _ in datasets.train_epoch(0):
+            pass
+    error = data_error_from_pipeline(raised.value)
+    message = {"nan_target": {"tfrecord": "'y' holds NaN or Inf", "hdf5": "'unitPar' holds NaN or Inf"}[file_format],
+               "negative": "negative particle counts (lowest -3)"}[case]
+    assert error is not None and str(error).startswith(f"{victim}: ") and message in str(error)

@@ -1,0 +1,159 @@
+"""The suite never deletes or replaces a file it did not write, never generates into a folder that
+holds anything, and names every bad file: each data-writing command and each demo config, on real
+processes, against a folder holding one foreign file."""
+
+import json
+import pathlib
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import REPO, run_python, tiny_cosmo_overrides
+
+FOREIGN = b"my own universe, not to be touched\n" * 50
+
+
+def snapshot(root: pathlib.Path) -> dict:
+    """Every path under ``root`` with its bytes (folders as None): what must not change."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture
+def foreign(tmp_path) -> pathlib.Path:
+    """``tmp_path/mydata`` holding one file of the user's, not in any layout the suite expects."""
+    folder = tmp_path / "mydata"
+    folder.mkdir()
+    (folder / "my_universe_0001.tfrecord").write_bytes(FOREIGN)
+    return folder
+
+
+def refused(args, root, expect=None):
+    """Run the command; it must exit 2 with a one-line error and leave ``root`` exactly as it was."""
+    before = snapshot(root)
+    result = run_python(args, check=False)
+    last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert last.startswith("error: "), result.stderr[-3000:]
+    if expect:
+        assert expect in last, last
+    assert snapshot(root) == before
+    return last
+
+
+GENERATORS = {
+    "cosmoflow.mock": ["--n-train", "2", "--n-valid", "1", "--size", "8", "--workers", "1"],
+    "climate_seg.synth": ["--grid", "8", "12", "--n-train", "1", "--n-validation", "1", "--n-test", "1"],
+    "hep_cnn.synth": ["--n-train", "4", "--n-validation", "2", "--n-test", "2", "--image-size", "8"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(GENERATORS))
+def test_generators_refuse_a_folder_that_holds_anything(module, foreign):
+    error = refused(["-m", module, "--out", str(foreign), *GENERATORS[module]], foreign.parent)
+    assert str(foreign) in error and "my_universe_0001.tfrecord" in error and "expected" in error
+
+
+@pytest.mark.parametrize("module", sorted(GENERATORS))
+def test_generators_fill_an_empty_folder(module, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run_python(["-m", module, "--out", str(empty), *GENERATORS[module]])
+    assert any(p.is_file() for p in empty.rglob("*"))
+    assert [p.name for p in tmp_path.iterdir()] == ["empty"]   # no work folder left beside it
+
+
+DEMOS = ["cosmoflow/demo.yaml", "hep_cnn/demo.yaml", "climate_seg/demo_tiramisu.yaml", "climate_seg/demo_deeplab.yaml",
+         "climate_seg/demo_detect.yaml", "climate_seg/demo_detect_supervised.yaml"]
+
+
+@pytest.mark.parametrize("config", DEMOS)
+def test_demo_configs_refuse_to_generate_into_a_users_folder(config, foreign, tmp_path):
+    app = config.split("/")[0]
+    error = refused(["-m", f"{app}.train", "--config", f"configs/{config}", "--output-dir", str(tmp_path / "run"),
+                     "--set", f"data.data_dir={foreign}", "--set", "train.epochs=1"], tmp_path)
+    assert str(foreign) in error and "my_universe_0001.tfrecord" in error
+
+
+def test_convert_refuses_an_output_folder_of_other_files(foreign, tmp_path):
+    from climate_seg.config import SynthSection
+    from climate_seg.synth import generate_dataset
+
+    netcdf = generate_dataset(tmp_path / "nc", SynthSection(grid=(8, 12), n_train=2, n_validation=1, n_test=1),
+                              progress=False)
+    refused(["-m", "climate_seg.convert", "--input", str(netcdf["train"][0]), "--out", str(foreign)], tmp_path,
+            "choose another --out")
+    # Converting twice into the same folder replaces only the suite's own samples.
+    out = tmp_path / "converted"
+    for _ in range(2):
+        run_python(["-m", "climate_seg.convert", "--input", str(netcdf["train"][0]), "--out", str(out)])
+    assert len(list(out.glob("*.h5"))) == 2
+    # A user's file of the same name as a sample is never replaced, even in a folder of the suite's samples.
+    victim = sorted(out.glob("*.h5"))[0]
+    with h5py.File(victim, "w") as f:
+        f["mine"] = np.arange(3)
+    refused(["-m", "climate_seg.convert", "--input", str(netcdf["train"][0]), "--out", str(out)], tmp_path)
+
+
+def test_stats_never_replaces_a_shipped_statistics_file(tmp_path):
+    from climate_seg.config import SynthSection
+    from climate_seg.convert import convert
+    from climate_seg.synth import generate_dataset
+
+    netcdf = generate_dataset(tmp_path / "nc", SynthSection(grid=(8, 12), n_train=2, n_validation=1, n_test=1),
+                              progress=False)
+    data = tmp_path / "data"
+    convert([str(netcdf["train"][0])], data / "train")
+    with h5py.File(data / "stats.h5", "w") as f:   # the DeepCAM dataset's own file
+        for key in ("minval", "maxval", "mean", "sqmean"):
+            f[f"climate/{key}"] = np.arange(16.0)
+    refused(["-m", "climate_seg.stats", str(data / "train")], tmp_path, "--out to write elsewhere")
+    run_python(["-m", "climate_seg.stats", str(data / "train"), "--out", str(tmp_path / "mine.h5")])
+    with h5py.File(tmp_path / "mine.h5") as f:
+        assert f["mean"].shape == (16,)
+
+
+def test_maxima_never_replace_a_users_file(tmp_path):
+    from hep_cnn.synth import generate_dataset
+
+    data = generate_dataset(tmp_path / "hep", 8, 4, 4, image_size=8, events_per_file=8, progress=False)
+    (data / "channel_maxima.json").write_text('{"channel_max": [1, 2, 3], "weight_max": 1, "mine": true}\n')
+    refused(["-m", "hep_cnn.maxima", "--config", "configs/hep_cnn/demo.yaml", "--set", f"data.data_dir={data}",
+             "--set", "data.image_size=8"], tmp_path, "--force")
+    run_python(["-m", "hep_cnn.maxima", "--config", "configs/hep_cnn/demo.yaml", "--set", f"data.data_dir={data}",
+                "--set", "data.image_size=8", "--force"])
+    assert "mine" not in json.loads((data / "channel_maxima.json").read_text())
+
+
+def test_staging_refuses_a_folder_of_other_files(tiny_cosmo_data, tmp_path):
+    stage = tmp_path / "stage"
+    (stage / "rank-0").mkdir(parents=True)
+    (stage / "rank-0" / "scratch.bin").write_bytes(FOREIGN)
+    error = refused(["-m", "common.slurm", "stage", "--config", "configs/cosmoflow/demo.yaml",
+                     *tiny_cosmo_overrides(tiny_cosmo_data), "--set", f"data.stage_dir={stage}"], tmp_path)
+    assert "did not stage" in error and "scratch.bin" in error
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_directory_of_another_tools_files_is_refused(tiny_cosmo_data, tmp_path, resume):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt-1.keras").write_bytes(FOREIGN)
+    args = ["-m", "cosmoflow.train", "--config", "configs/cosmoflow/demo.yaml", "--output-dir", str(run),
+            *tiny_cosmo_overrides(tiny_cosmo_data, epochs=1)] + (["--resume"] if resume else [])
+    error = refused(args, tmp_path, "did not write")
+    assert str(run) in error
+
+
+def test_force_starts_a_run_afresh_and_writes_beside_other_files(tiny_cosmo_data, tmp_path):
+    run = tmp_path / "run"
+    args = ["-m", "cosmoflow.train", "--config", "configs/cosmoflow/demo.yaml", "--output-dir", str(run),
+            *tiny_cosmo_overrides(tiny_cosmo_data, epochs=2)]
+    run_python(args)
+    (run / "notes.txt").write_bytes(FOREIGN)   # the user's, inside a run directory of the suite
+    refused(args + ["--set", "train.epochs=1"], tmp_path, "--force")   # an earlier run's checkpoints
+    run_python(args + ["--set", "train.epochs=1", "--force"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["epochs_completed"] == 1
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-epoch-00001.npz"]
+    assert (run / "notes.txt").read_bytes() == FOREIGN
