@@ -139,7 +139,10 @@ class ClimateConfig(AppConfig):
 # -- semi-supervised detection (SC17 / ExtremeWeather) --------------------------------------------
 
 EXTREMEWEATHER_CHANNELS = tuple(sorted(CHANNELS))   # the ExtremeWeather files' (alphabetical) channel order
-BOX_COLUMNS = ("ymin", "xmin", "ymax", "xmax", "class")
+BOX_COLUMNS = ("ymin", "xmin", "ymax", "xmax", "class")   # the order used inside the suite (y: rows)
+# The ExtremeWeather writer's column order (hur-detect util.py: [xmin, xmax, ymin, ymax, category] with its x
+# along the 768-pixel first image axis): [row min, row max, column min, column max, class].
+FILE_BOX_COLUMNS = ("ymin", "ymax", "xmin", "xmax", "class")
 
 
 class DetectSynthSection(Section):
@@ -167,7 +170,12 @@ class DetectDataSection(DataSection):
     channels: list[str] = Field(default_factory=lambda: list(EXTREMEWEATHER_CHANNELS),
                                 description="channels fed to the network, selected and ordered by name")
     box_columns: list[Literal["ymin", "xmin", "ymax", "xmax", "class"]] = Field(
-        default_factory=lambda: list(BOX_COLUMNS), description="meaning of the 5 columns of boxes")
+        default_factory=lambda: list(FILE_BOX_COLUMNS),
+        description="meaning of the 5 columns of boxes (y: rows, the first image axis); default: the "
+                    "ExtremeWeather writer's [row min, row max, column min, column max, class]")
+    box_classes: Literal["auto", "0-3", "1-4"] = Field(
+        "auto", description="class numbering of the files: 0-3 (hur-detect keras-tf) or 1-4 (its older master); "
+                            "auto: told by the training boxes (an error when they cannot tell)")
     normalization: Literal["minmax", "zscore"] = "zscore"
     stats_file: str = Field("stats.h5", description="per-channel statistics (file channel order), in data_dir")
     labeled_fraction: float = Field(1.0, gt=0.0, le=1.0,

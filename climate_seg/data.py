@@ -2,7 +2,10 @@
 
 Layout: ``data_dir/{train,validation,test}/*.h5``, one sample per file with
 ``climate/data`` float32 (H, W, 16) and ``climate/labels_0`` (H, W) in
-{0, 1, 2}; ``data_dir/stats.h5`` from ``python -m climate_seg.stats``.
+{0, 1, 2} (DeepCAM), or ``climate/data`` (16, H, W) and ``climate/labels``
+(SC18), told apart by their shapes; statistics from DeepCAM's
+``data_dir/stats.h5``, SC18's ``data_dir/train/stats.h5`` (which is skipped as
+a sample) or ``python -m climate_seg.stats`` (:func:`climate_seg.stats.load_stats`).
 
 Reading without the GIL: at start-up every file is screened once (each rank a
 share) and the byte offsets of its two datasets are recorded.  When every file
@@ -27,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from climate_seg.config import CHANNELS, CLASS_NAMES, ClimateConfig
-from climate_seg.stats import load_stats, read_sample
+from climate_seg.stats import load_class_frequencies, load_stats, locate_stats, read_sample, sample_layout
 from common.data import (Datasets, check_split_files, epoch_seed, list_files, screen_files, select_count,
                          shards_files, stage_files, steps_for)
 from common.distributed import Distributed
@@ -49,34 +52,32 @@ class SampleFile:
     data_offset: int | None
     label_offset: int | None
     label_dtype: str
+    channels_first: bool = False   # SC18: climate/data (16, H, W)
 
 
-def inspect_file(path: str, grid: tuple[int, int]) -> SampleFile:
-    """Check one sample file's datasets and shapes; record their byte offsets."""
+def inspect_file(path: str, grid: tuple[int, int]) -> SampleFile | None:
+    """Check one sample file's datasets and shapes; record their byte offsets (None: a statistics file)."""
     try:
         with h5py.File(path, "r") as f:
-            if "climate/data" not in f or "climate/labels_0" not in f:
-                raise DataError(f"{path}: expected datasets climate/data and climate/labels_0")
-            data, labels = f["climate/data"], f["climate/labels_0"]
-            if data.shape != (*grid, N_CHANNELS):
-                raise DataError(f"{path}: climate/data has shape {data.shape}, expected {(*grid, N_CHANNELS)} "
-                                f"(data.grid={list(grid)})")
-            if labels.shape != tuple(grid):
-                raise DataError(f"{path}: climate/labels_0 has shape {labels.shape}, expected {tuple(grid)}")
+            layout = sample_layout(f, path, grid)
+            if layout is None:
+                return None
+            channels_first, label_key = layout
+            data, labels = f["climate/data"], f[label_key]
             raw = data.dtype.str == "<f4" and labels.dtype.str in RAW_LABEL_DTYPES
             offsets = [d.id.get_offset() if raw and d.chunks is None and d.compression is None else None
                        for d in (data, labels)]
-            return SampleFile(path, offsets[0], offsets[1], labels.dtype.str)
+            return SampleFile(path, offsets[0], offsets[1], labels.dtype.str, channels_first)
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
 
 
 def split_files(cfg: ClimateConfig, split: str, dist: Distributed | None = None,
                 problems: list[str] | None = None) -> list[SampleFile]:
-    """The screened sample files of one split, in name order."""
+    """The screened sample files of one split, in name order (statistics files among them left out)."""
     good, layouts = screened_split(cfg.data, split, lambda f: inspect_file(f, cfg.data.grid), "climate sample",
                                    dist, problems)
-    return [layouts[f] for f in good]
+    return [layouts[f] for f in good if layouts[f] is not None]
 
 
 def screened_split(data, split: str, inspect, what: str, dist: Distributed | None,
@@ -93,7 +94,7 @@ def screened_split(data, split: str, inspect, what: str, dist: Distributed | Non
 
 def raw_readable(files: list[SampleFile]) -> bool:
     return all(f.data_offset is not None and f.label_offset is not None for f in files) and \
-        len({f.label_dtype for f in files}) == 1
+        len({f.label_dtype for f in files}) == 1 and len({f.channels_first for f in files}) == 1
 
 
 def class_weights(cfg: ClimateConfig, stats: dict | None = None) -> np.ndarray:
@@ -108,7 +109,7 @@ def class_weights(cfg: ClimateConfig, stats: dict | None = None) -> np.ndarray:
     if spec == "none":
         return np.ones(len(CLASS_NAMES))
     stats = stats if stats is not None else load_stats(stats_path(cfg))
-    frequencies = stats["class_frequencies"]
+    frequencies = load_class_frequencies(stats, stats_path(cfg))
     if np.any(frequencies <= 0):
         absent = [n for n, f in zip(CLASS_NAMES, frequencies) if f <= 0]
         raise DataError(f"{stats_path(cfg)}: class(es) {absent} never occur in the training labels; "
@@ -120,7 +121,8 @@ def class_weights(cfg: ClimateConfig, stats: dict | None = None) -> np.ndarray:
 
 
 def stats_path(cfg: ClimateConfig) -> pathlib.Path:
-    return pathlib.Path(cfg.data.data_dir) / cfg.data.stats_file
+    """The dataset's statistics file (DeepCAM's and this suite's at the root, SC18's in train/)."""
+    return locate_stats(cfg.data.data_dir, cfg.data.stats_file)
 
 
 def normalizer(cfg: ClimateConfig, stats: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -134,7 +136,7 @@ def normalizer(cfg: ClimateConfig, stats: dict) -> tuple[np.ndarray, np.ndarray]
 
 # -- reading ------------------------------------------------------------------------------
 
-def _read_raw(cfg: ClimateConfig, label_dtype: str):
+def _read_raw(cfg: ClimateConfig, label_dtype: str, channels_first: bool):
     h, w = cfg.data.grid
     data_bytes = h * w * N_CHANNELS * 4
     label_type = RAW_LABEL_DTYPES[label_dtype]
@@ -144,6 +146,8 @@ def _read_raw(cfg: ClimateConfig, label_dtype: str):
         contents = tf.io.read_file(path)
         data = tf.io.decode_raw(tf.strings.substr(contents, data_offset, data_bytes), tf.float32)
         labels = tf.io.decode_raw(tf.strings.substr(contents, label_offset, label_bytes), label_type)
+        if channels_first:   # SC18: (16, H, W)
+            data = tf.transpose(tf.reshape(data, (N_CHANNELS, h, w)), (1, 2, 0))
         return tf.reshape(data, (h, w, N_CHANNELS)), tf.cast(tf.reshape(labels, (h, w)), tf.int32)
 
     return read
@@ -208,7 +212,7 @@ def _samples(cfg: ClimateConfig, files: list[SampleFile], stats: dict, dist: Dis
     data = cfg.data
     offset, scale = normalizer(cfg, stats)
     raw = raw_readable(files)
-    read = _read_raw(cfg, files[0].label_dtype) if raw else _read_h5py(cfg)
+    read = _read_raw(cfg, files[0].label_dtype, files[0].channels_first) if raw else _read_h5py(cfg)
     # File names with their offsets, permuted by the epoch seed (the same on every rank), then sharded.
     columns = (tf.constant([f.path for f in files]), tf.constant([f.data_offset or 0 for f in files], tf.int64),
                tf.constant([f.label_offset or 0 for f in files], tf.int64))
@@ -265,6 +269,11 @@ def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
     n_valid = select_count(len(valid_files), data.n_validation, "data.n_validation", f"{data.data_dir}/validation")
     train_files, valid_files = train_files[:n_train], valid_files[:n_valid]
     stats = load_stats(stats_path(cfg))
+    if dist.is_root:
+        layout = "SC18 (climate/data 16 x H x W, climate/labels)" if train_files[0].channels_first else \
+            "DeepCAM (climate/data H x W x 16, climate/labels_0)"
+        print(f"climate data: {data.data_dir}: {layout} samples; statistics {stats_path(cfg)} ({stats['format']}), "
+              f"{data.normalization} normalisation", flush=True)
     if dist.is_root and not raw_readable(train_files + valid_files):
         print(f"note: {data.data_dir} holds chunked or compressed samples; reading them with h5py "
               "(serialised on the GIL; climate_seg.convert writes contiguous files)", flush=True)
@@ -301,7 +310,8 @@ def evaluation_dataset(cfg: ClimateConfig, split: str = "test") -> tuple[tf.data
 def check_data(cfg: ClimateConfig) -> tuple[int, list[str]]:
     """Read every sample of every split; (files checked, every problem found)."""
     def check_file(path):
-        inspect_file(path, cfg.data.grid)
+        if inspect_file(path, cfg.data.grid) is None:
+            return   # a statistics file among the samples (SC18)
         fields, labels = read_sample(path)
         if not np.all(np.isfinite(fields)):
             raise DataError(f"{path}: climate/data holds NaN or Inf")

@@ -4,7 +4,11 @@ Files in ``data_dir/{train,validation,test}/*.h5`` hold ``images`` (N, C, H,
 W) channels-first, ``boxes`` (N, 15, 5) padded with -1 and optionally
 ``labeled`` (N,).  Channels are selected and ordered by name
 (``data.file_channels`` says what the file holds, ``data.channels`` what the
-network gets), never by position alone; box columns by ``data.box_columns``.
+network gets), never by position alone; box columns by ``data.box_columns``
+(default: the ExtremeWeather writer's [row min, row max, column min, column
+max, class]) and class numbers 0-3 or 1-4 by ``data.box_classes``.  Every box
+is checked as the files are screened: min <= max, inside the image, a class
+of the numbering; a bad one is a one-line error naming file, sample and row.
 
 A training sample is unlabeled when the file says so, when it is listed in
 ``data.unlabeled_samples``, or when it falls in the (seeded) 1 -
@@ -42,10 +46,54 @@ class Sample:
     path: str
     index: int          # first snapshot in the file
     labeled: bool
+    class_offset: int = 0   # 1 for files numbering the classes 1-4
+
+
+def check_boxes(path: str, boxes: np.ndarray, cfg: DetectConfig) -> set:
+    """Raise for a box outside the image, with min > max, or of no class; the classes seen (file numbers)."""
+    data = cfg.data
+    order = [list(data.box_columns).index(name) for name in BOX_COLUMNS]
+    height, width = data.grid
+    top = 4 if data.box_classes == "1-4" else (3 if data.box_classes == "0-3" else 4)
+    seen: set = set()
+    for i, rows in enumerate(np.asarray(boxes, np.float64)):
+        for j, row in enumerate(rows):
+            ymin, xmin, ymax, xmax, cls = row[order]
+            if cls < 0:
+                continue   # padding
+            problem = None
+            if not np.all(np.isfinite(row)):
+                problem = "non-finite values"
+            elif cls != round(cls) or cls > top or (data.box_classes == "1-4" and cls < 1):
+                problem = f"class {cls:g} outside {data.box_classes if data.box_classes != 'auto' else '0-4'}"
+            elif ymin > ymax or xmin > xmax:
+                problem = "a minimum above its maximum"
+            elif ymin < 0 or xmin < 0 or ymax > height or xmax > width:
+                problem = f"outside the {height} x {width} image"
+            if problem:
+                raise DataError(f"{path}: boxes[{i}] row {j} {row.tolist()} (columns {list(data.box_columns)}): "
+                                f"{problem}")
+            seen.add(int(cls))
+    return seen
+
+
+def class_offset(cfg: DetectConfig, classes: set, where: str) -> int:
+    """0 for classes numbered 0-3, 1 for 1-4: as configured, or told by the classes of the training boxes."""
+    setting = cfg.data.box_classes
+    if setting != "auto":
+        return 0 if setting == "0-3" else 1
+    if 0 in classes and 4 in classes:
+        raise DataError(f"{where}: boxes hold classes 0 and 4: neither 0-3 nor 1-4 numbering")
+    if 4 in classes:
+        return 1
+    if 0 in classes:
+        return 0
+    raise DataError(f"{where}: the boxes hold classes {sorted(classes)} only, which cannot tell 0-3 (hur-detect "
+                    "keras-tf) from 1-4 (its master branch); set data.box_classes")
 
 
 def inspect_file(path: str, cfg: DetectConfig) -> dict:
-    """Check the layout; return the file's snapshot count and labeled flags."""
+    """Check the layout and every box; return the file's snapshot count, labeled flags and classes seen."""
     data = cfg.data
     try:
         with h5py.File(path, "r") as f:
@@ -59,23 +107,39 @@ def inspect_file(path: str, cfg: DetectConfig) -> dict:
             if len(boxes) != 3 or boxes[0] != shape[0] or boxes[-1] != 5:
                 raise DataError(f"{path}: boxes has shape {boxes}, expected ({shape[0]}, max_boxes, 5)")
             labeled = np.asarray(f["labeled"][()], bool) if "labeled" in f else np.ones(shape[0], bool)
+            classes = check_boxes(path, f["boxes"][()], cfg)
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
-    return {"count": int(shape[0]), "labeled": labeled.tolist()}
+    return {"count": int(shape[0]), "labeled": labeled.tolist(), "classes": sorted(classes)}
 
 
 def split_samples(cfg: DetectConfig, split: str, dist: Distributed | None = None,
-                  problems: list[str] | None = None) -> list[Sample]:
+                  problems: list[str] | None = None, offset: int | None = None) -> list[Sample]:
+    """The samples of a split; class numbers as the training boxes tell them unless ``offset`` is given."""
     good, info = screened_split(cfg.data, split, lambda f: inspect_file(f, cfg), "detection", dist, problems)
+    if offset is None:
+        offset = training_class_offset(cfg, dist) if split != "train" else \
+            class_offset(cfg, {c for path in good for c in info[path]["classes"]}, f"{cfg.data.data_dir}/train")
+    top = 3 + offset
+    for path in good:
+        if any(c < offset or c > top for c in info[path]["classes"]):
+            raise DataError(f"{path}: boxes hold classes {info[path]['classes']}, but the training boxes number "
+                            f"them {offset}-{top}")
     window = cfg.model.time_steps if cfg.model.variant == "3d" else 1
     samples = []
     for path in good:
         flags = info[path]["labeled"]
         for start in range(0, info[path]["count"] - window + 1, window):
-            samples.append(Sample(path, start, bool(all(flags[start:start + window]))))
+            samples.append(Sample(path, start, bool(all(flags[start:start + window])), offset))
     if split == "train":
         samples = _hide_labels(cfg, samples)
     return samples
+
+
+def training_class_offset(cfg: DetectConfig, dist: Distributed | None = None) -> int:
+    if cfg.data.box_classes != "auto":
+        return class_offset(cfg, set(), "")
+    return split_samples(cfg, "train", dist)[0].class_offset
 
 
 def _hide_labels(cfg: DetectConfig, samples: list[Sample]) -> list[Sample]:
@@ -97,14 +161,16 @@ def _hide_labels(cfg: DetectConfig, samples: list[Sample]) -> list[Sample]:
 
 # -- reading ----------------------------------------------------------------------------------
 
-def read_boxes(boxes: np.ndarray, columns: list[str]) -> np.ndarray:
-    """(n, 5) [ymin, xmin, ymax, xmax, class] from the file's column order; padding rows dropped."""
+def read_boxes(boxes: np.ndarray, columns: list[str], class_offset: int = 0) -> np.ndarray:
+    """(n, 5) [ymin, xmin, ymax, xmax, class 0-3] from the file's column order; padding rows dropped."""
     order = [list(columns).index(name) for name in BOX_COLUMNS]
     boxes = np.asarray(boxes, np.float64)[:, order]
-    return boxes[boxes[:, 4] >= 0]
+    boxes = boxes[boxes[:, 4] >= 0]
+    boxes[:, 4] -= class_offset
+    return boxes
 
 
-def read_sample(cfg: DetectConfig, path: str, index: int, labeled: bool, offset, scale):
+def read_sample(cfg: DetectConfig, path: str, index: int, labeled: bool, offset, scale, class_offset: int = 0):
     """(snapshot(s) channels-last, normalised; targets (..., gy, gx, 7)) of one sample."""
     data, m = cfg.data, cfg.model
     window = m.time_steps if m.variant == "3d" else 1
@@ -119,9 +185,9 @@ def read_sample(cfg: DetectConfig, path: str, index: int, labeled: bool, offset,
     grid = (data.grid[0] // m.cell, data.grid[1] // m.cell)
     targets = np.zeros((window, *grid, TARGET_CHANNELS + 1), np.float32)
     for t in range(window):
-        step_boxes = read_boxes(boxes[t], data.box_columns)
+        step_boxes = read_boxes(boxes[t], data.box_columns, class_offset)
         if len(step_boxes) and not np.all(np.isin(step_boxes[:, 4], (0, 1, 2, 3))):
-            raise DataError(f"{path}: boxes[{index + t}] hold classes outside 0-3")
+            raise DataError(f"{path}: boxes[{index + t}] hold classes outside {class_offset}-{3 + class_offset}")
         targets[t, ..., :TARGET_CHANNELS] = encode(step_boxes, grid, m.cell)
         targets[t, ..., TARGET_CHANNELS] = float(labeled)
     if m.variant == "2d":
@@ -156,6 +222,7 @@ def _dataset(cfg: DetectConfig, samples: list[Sample], stats: dict, dist: Distri
         image_shape, target_shape = (m.time_steps, *image_shape), (m.time_steps, *target_shape)
     columns = (tf.constant([s.path for s in samples]), tf.constant([s.index for s in samples], tf.int64),
                tf.constant([s.labeled for s in samples]))
+    numbering = samples[0].class_offset
     if training:
         order = tf.random.experimental.stateless_shuffle(tf.range(len(samples)), seed=[seed, 0])
         columns = tuple(tf.gather(c, order) for c in columns)
@@ -165,7 +232,7 @@ def _dataset(cfg: DetectConfig, samples: list[Sample], stats: dict, dist: Distri
 
     def read(path, index, labeled):
         images, targets = tf.numpy_function(
-            lambda p, i, l: read_sample(cfg, p.decode(), int(i), bool(l), offset, scale),
+            lambda p, i, l: read_sample(cfg, p.decode(), int(i), bool(l), offset, scale, numbering),
             [path, index, labeled], [tf.float32, tf.float32], stateful=False)
         images, targets = tf.ensure_shape(images, image_shape), tf.ensure_shape(targets, target_shape)
         return images, {"detect": targets, "recon": images}
@@ -191,7 +258,8 @@ def build_datasets(cfg: DetectConfig, dist: Distributed) -> Datasets:
     seed = cfg.train.seed
     bad: list[str] = []
     train = split_samples(cfg, "train", dist, bad)
-    valid = [s for s in split_samples(cfg, "validation", dist, bad) if s.labeled]
+    numbering = train[0].class_offset
+    valid = [s for s in split_samples(cfg, "validation", dist, bad, offset=numbering) if s.labeled]
     stats = load_stats(stats_path(cfg))
     labeled = [s for s in train if s.labeled]
     unlabeled = [s for s in train if not s.labeled]
@@ -206,8 +274,9 @@ def build_datasets(cfg: DetectConfig, dist: Distributed) -> Datasets:
     steps = steps_for(len(labeled), dist.size, n_labeled, "data.labeled_per_batch", f"{data.data_dir}/train")
     valid_steps = steps_for(len(valid), dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
     if dist.is_root:
-        print(f"detection data: {len(labeled)} labeled and {len(unlabeled)} unlabeled training samples, batches of "
-              f"{n_labeled} labeled + {n_unlabeled} unlabeled", flush=True)
+        print(f"detection data: {data.data_dir}: ExtremeWeather layout, box columns {list(data.box_columns)}, "
+              f"classes numbered {numbering}-{3 + numbering}; {len(labeled)} labeled and {len(unlabeled)} unlabeled "
+              f"training samples, batches of {n_labeled} labeled + {n_unlabeled} unlabeled", flush=True)
 
     def train_epoch(epoch):
         seed_e = epoch_seed(seed, epoch)
@@ -240,18 +309,26 @@ def true_boxes(cfg: DetectConfig, sample: Sample) -> list[np.ndarray]:
     window = cfg.model.time_steps if cfg.model.variant == "3d" else 1
     with h5py.File(sample.path, "r") as f:
         raw = f["boxes"][sample.index:sample.index + window]
-    return [read_boxes(b, cfg.data.box_columns) for b in raw]
+    return [read_boxes(b, cfg.data.box_columns, sample.class_offset) for b in raw]
 
 
 def check_data(cfg: DetectConfig) -> tuple[int, list[str]]:
+    problems: list[str] = []
+    try:
+        numbering = training_class_offset(cfg)
+    except DataError as exc:
+        problems.append(str(exc))
+        numbering = 0
+
     def check_file(path):
         info = inspect_file(path, cfg)
         offset, scale = np.zeros(len(cfg.data.channels), np.float32), np.ones(len(cfg.data.channels), np.float32)
         window = cfg.model.time_steps if cfg.model.variant == "3d" else 1
         for index in range(0, info["count"] - window + 1, window):
-            read_sample(cfg, path, index, True, offset, scale)
+            read_sample(cfg, path, index, True, offset, scale, numbering)
 
-    checked, problems = check_split_files(cfg.data.data_dir, SPLITS, ("*.h5",), "detection", check_file)
+    checked, found = check_split_files(cfg.data.data_dir, SPLITS, ("*.h5",), "detection", check_file)
+    problems += found
     try:
         load_stats(stats_path(cfg))
     except DataError as exc:

@@ -3,6 +3,14 @@
     python -m climate_seg.stats DIR [--out DIR/../stats.h5]      # segmentation samples or ExtremeWeather files
     horovodrun -np N python -m climate_seg.stats DIR      # each rank reads a share
 
+Reads, by content, the three statistics files in use (:func:`load_stats`):
+this suite's (root ``mean``, ``std``, ``min``, ``max``, ``class_frequencies``),
+DeepCAM's (``climate/minval``, ``maxval``, ``mean``, ``sqmean``, ``count``,
+at the data root) and SC18 ClimDeepLearn's (``climate/stats`` (16, 4) of
+[mean, max, min, std], in each split folder).  Neither published file holds
+class frequencies; :func:`write_class_counts` adds them beside, in a file of
+their own.
+
 One streaming pass: each file adds its count, mean and sum of squared
 deviations (merged with Chan et al.'s pairwise formula in float64, so no
 second pass and no precision loss over millions of pixels), its minimum and
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import pathlib
 
 import h5py
@@ -68,18 +77,51 @@ class RunningStats:
         return np.sqrt(self.m2 / max(self.count, 1))
 
 
+LABEL_KEYS = ("climate/labels_0", "climate/labels")   # DeepCAM, SC18
+
+
+def sample_layout(handle, path: str, grid: tuple[int, int] | None = None) -> tuple[bool, str] | None:
+    """(channels first?, label dataset) of an open sample file; None for a statistics file (SC18 keeps
+    ``stats.h5`` among the samples); a DataError for anything else."""
+    if "climate/data" not in handle:
+        if is_statistics(handle):
+            return None
+        raise DataError(f"{path}: expected datasets climate/data and climate/labels_0 (DeepCAM) or "
+                        f"climate/labels (SC18); found {sorted(handle)[:6]}")
+    label_key = next((key for key in LABEL_KEYS if key in handle), None)
+    if label_key is None:
+        raise DataError(f"{path}: expected a label dataset climate/labels_0 (DeepCAM) or climate/labels (SC18) "
+                        "beside climate/data")
+    shape, labels = handle["climate/data"].shape, handle[label_key].shape
+    if len(shape) != 3 or N_CHANNELS not in (shape[0], shape[-1]):
+        raise DataError(f"{path}: climate/data has shape {shape}; expected (H, W, {N_CHANNELS}) or ({N_CHANNELS}, H, W)")
+    # Channels first (SC18) when the first axis holds the channels and the labels match the other two.
+    channels_first = shape[0] == N_CHANNELS and labels == shape[1:] and not (shape[-1] == N_CHANNELS
+                                                                              and labels == shape[:2])
+    spatial = shape[1:] if channels_first else shape[:2]
+    if grid is not None and tuple(spatial) != tuple(grid):
+        raise DataError(f"{path}: climate/data has shape {shape}, expected {(*grid, N_CHANNELS)} or "
+                        f"{(N_CHANNELS, *grid)} (data.grid={list(grid)})")
+    if labels != tuple(spatial):
+        raise DataError(f"{path}: {label_key} has shape {labels}, expected {tuple(spatial)}")
+    return channels_first, label_key
+
+
 def read_sample(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(data H x W x 16, labels H x W) of one training file, with its layout checked."""
+    """(data H x W x 16, labels H x W) of one training file, either layout, with its layout checked."""
     try:
         with h5py.File(path, "r") as f:
-            if "climate/data" not in f or "climate/labels_0" not in f:
-                raise DataError(f"{path}: expected datasets climate/data and climate/labels_0")
-            data, labels = f["climate/data"][()], f["climate/labels_0"][()]
+            layout = sample_layout(f, path)
+            if layout is None:
+                raise DataError(f"{path}: a statistics file, not a sample")
+            channels_first, label_key = layout
+            data, labels = f["climate/data"][()], f[label_key][()]
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
-    if data.ndim != 3 or data.shape[-1] != N_CHANNELS or labels.shape != data.shape[:2]:
-        raise DataError(f"{path}: climate/data {data.shape} and climate/labels_0 {labels.shape}; expected "
-                        f"(H, W, {N_CHANNELS}) and (H, W)")
+    if channels_first:
+        data = np.transpose(data, (1, 2, 0))
+    if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
+        raise DataError(f"{path}: {label_key} holds values that are not whole class numbers")
     return data, labels.astype(np.int64)
 
 
@@ -99,11 +141,15 @@ def file_stats(path: str) -> RunningStats:
                         raise DataError(f"{path}: images[{start}:{start + 16}] hold NaN or Inf")
                     total = total.merge(RunningStats.of(block))
                 return total
+            if "climate/data" not in f and is_statistics(f):
+                return RunningStats()   # SC18 keeps its stats.h5 among the samples: not a sample
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
     data, labels = read_sample(path)
     if not np.all(np.isfinite(data)):
         raise DataError(f"{path}: climate/data holds NaN or Inf")
+    if labels.min() < 0 or labels.max() >= len(CLASS_NAMES):
+        raise DataError(f"{path}: labels hold values outside 0-{len(CLASS_NAMES) - 1} ({', '.join(CLASS_NAMES)})")
     return RunningStats.of(data, labels)
 
 
@@ -142,21 +188,103 @@ def write_stats(path, stats: RunningStats, channels=CHANNELS, force: bool = Fals
         f.attrs["classes"] = ",".join(CLASS_NAMES)
 
 
-def load_stats(path) -> dict[str, np.ndarray]:
-    """The arrays of a ``stats.h5``, checked; a one-line error naming the file otherwise."""
+def is_statistics(handle) -> bool:
+    """Whether an open HDF5 file is a statistics file of one of the three formats."""
+    return ("climate/stats" in handle or "climate/minval" in handle
+            or all(key in handle for key in ("mean", "std", "min", "max")))
+
+
+def locate_stats(data_dir, stats_file: str = "stats.h5") -> pathlib.Path:
+    """The statistics file of a dataset: ``data_dir/stats_file`` (this suite, DeepCAM), else SC18's
+    ``data_dir/train/stats.h5``; the first path when neither exists."""
+    preferred = pathlib.Path(data_dir) / stats_file
+    sc18 = pathlib.Path(data_dir) / "train" / "stats.h5"
+    if not preferred.is_file() and sc18.is_file():
+        try:
+            with h5py.File(sc18, "r") as f:
+                if "climate/stats" in f:
+                    return sc18
+        except OSError:
+            pass
+    return preferred
+
+
+def load_stats(path) -> dict:
+    """Per-channel ``mean``, ``std``, ``min``, ``max`` (float64), ``format``, and ``class_frequencies``
+    when the file has them, from any of the three formats; a one-line error naming the file otherwise."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise DataError(f"{path}: channel statistics not found; run python -m climate_seg.stats <train dir> "
                         f"--out {path}")
     try:
         with h5py.File(path, "r") as f:
-            out = {key: np.asarray(f[key][()], np.float64) for key in ("mean", "std", "min", "max")}
-            out["class_frequencies"] = np.asarray(f["class_frequencies"][()], np.float64)
+            if "climate/stats" in f:
+                table = np.asarray(f["climate/stats"][()], np.float64)
+                if table.shape != (N_CHANNELS, 4):
+                    raise DataError(f"{path}: climate/stats has shape {table.shape}, expected ({N_CHANNELS}, 4): "
+                                    "[mean, max, min, std] per channel (SC18)")
+                out = {"mean": table[:, 0], "max": table[:, 1], "min": table[:, 2], "std": table[:, 3],
+                       "format": "SC18 climate/stats [mean, max, min, std]"}
+            elif "climate/minval" in f:
+                missing = [k for k in ("minval", "maxval", "mean", "sqmean") if f"climate/{k}" not in f]
+                if missing:
+                    raise DataError(f"{path}: DeepCAM statistics without climate/{', climate/'.join(missing)}")
+                mean = np.asarray(f["climate/mean"][()], np.float64)
+                variance = np.asarray(f["climate/sqmean"][()], np.float64) - mean ** 2
+                out = {"mean": mean, "std": np.sqrt(np.maximum(variance, 0.0)),
+                       "min": np.asarray(f["climate/minval"][()], np.float64),
+                       "max": np.asarray(f["climate/maxval"][()], np.float64),
+                       "format": "DeepCAM climate/{minval,maxval,mean,sqmean}"}
+            else:
+                out = {key: np.asarray(f[key][()], np.float64) for key in ("mean", "std", "min", "max")}
+                out["format"] = "hpc-dl-suite mean/std/min/max"
+                if "class_frequencies" in f:
+                    out["class_frequencies"] = np.asarray(f["class_frequencies"][()], np.float64)
     except (OSError, KeyError) as exc:
-        raise DataError(f"{path}: expected datasets mean, std, min, max, class_frequencies ({exc})") from None
-    if any(out[key].shape != (N_CHANNELS,) for key in ("mean", "std", "min", "max")):
-        raise DataError(f"{path}: mean/std/min/max must hold {N_CHANNELS} values, one per channel")
+        raise DataError(f"{path}: expected DeepCAM (climate/minval, climate/maxval, ...), SC18 (climate/stats) or "
+                        f"this suite's statistics (mean, std, min, max) ({exc})") from None
+    for key in ("mean", "std", "min", "max"):
+        if out[key].shape != (N_CHANNELS,) or not np.all(np.isfinite(out[key])):
+            raise DataError(f"{path}: {key} must hold {N_CHANNELS} finite values, one per channel "
+                            f"({out['format']})")
+    if np.any(out["max"] < out["min"]):
+        raise DataError(f"{path}: a channel's maximum is below its minimum ({out['format']})")
     return out
+
+
+CLASS_COUNTS_FILE = "class_counts.json"
+
+
+def class_counts_path(stats_path) -> pathlib.Path:
+    """Where the class counts of a dataset whose statistics lack them are kept: beside its statistics file."""
+    return pathlib.Path(stats_path).with_name(CLASS_COUNTS_FILE)
+
+
+def write_class_counts(path, files: list[str]) -> np.ndarray:
+    """Label counts over ``files`` into a JSON file of this suite's (never over another's); the frequencies."""
+    from common.outputs import write_json
+
+    counts = np.zeros(len(CLASS_NAMES), np.int64)
+    for sample in files:
+        _, labels = read_sample(sample)
+        if labels.min() < 0 or labels.max() >= len(CLASS_NAMES):
+            raise DataError(f"{sample}: labels hold values outside 0-{len(CLASS_NAMES) - 1}")
+        counts += np.bincount(labels.reshape(-1), minlength=len(CLASS_NAMES))
+    write_json(path, {"classes": list(CLASS_NAMES), "counts": counts.tolist(), "files": len(files)},
+               "climate_seg.stats")
+    return counts / max(counts.sum(), 1)
+
+
+def load_class_frequencies(stats: dict, stats_path) -> np.ndarray:
+    """The class frequencies: from the statistics file, else from its class-counts file beside it."""
+    if "class_frequencies" in stats:
+        return stats["class_frequencies"]
+    path = class_counts_path(stats_path)
+    if not path.is_file():
+        raise DataError(f"{stats_path}: holds no class frequencies ({stats['format']}) and {path} is missing; "
+                        "training computes it when it can write there, or give loss.class_weights as three numbers")
+    counts = np.asarray(json.loads(path.read_text())["counts"], np.float64)
+    return counts / max(counts.sum(), 1)
 
 
 def main(argv=None) -> int:

@@ -351,13 +351,18 @@ def detection_sample(rng: np.random.Generator, lat: np.ndarray, lon: np.ndarray)
 
 def write_extremeweather(path, images: np.ndarray, boxes: np.ndarray, labeled: np.ndarray | None = None) -> None:
     """An ExtremeWeather-layout file: ``images`` (N, 16, H, W) in alphabetical channel order, ``boxes``
-    (N, 15, 5) [ymin, xmin, ymax, xmax, class] padded with -1, ``labeled`` (N,); written atomically."""
+    (N, 15, 5) padded with -1, ``labeled`` (N,); written atomically.  ``boxes`` come as [ymin, xmin, ymax,
+    xmax, class] and are stored in the ExtremeWeather writer's column order [row min, row max, column min,
+    column max, class]."""
     import h5py
 
+    from climate_seg.config import BOX_COLUMNS, FILE_BOX_COLUMNS
+
+    stored = np.asarray(boxes, np.float32)[..., [BOX_COLUMNS.index(name) for name in FILE_BOX_COLUMNS]]
     with atomic_path(pathlib.Path(path)) as temporary, h5py.File(temporary, "w") as f:
         mark_hdf5(f, "climate_seg.synth")
         f.create_dataset("images", data=images.astype(np.float32))
-        f.create_dataset("boxes", data=boxes.astype(np.float32))
+        f.create_dataset("boxes", data=stored)
         if labeled is not None:
             f.create_dataset("labeled", data=labeled.astype(np.int8))
         f.attrs["channels"] = ",".join(sorted(CHANNELS))

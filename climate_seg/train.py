@@ -14,9 +14,9 @@ import pathlib
 
 from climate_seg.config import CHANNELS, CLASS_NAMES, ClimateConfig, DetectConfig
 from climate_seg.convert import convert
-from climate_seg.data import SPLITS, build_datasets, check_data, class_weights, stats_path
+from climate_seg.data import SPLITS, build_datasets, check_data, class_weights, split_files, stats_path
 from climate_seg.model import WeightedPixelCrossEntropy, build_model
-from climate_seg.stats import compute_stats, write_stats
+from climate_seg.stats import class_counts_path, compute_stats, load_stats, write_class_counts, write_stats
 from climate_seg.synth import generate_dataset
 from common.cli import exit_process, run_train
 from common.data import list_files
@@ -49,13 +49,22 @@ def _prepare(cfg, generate, what: str, stats_of, stats_file: pathlib.Path, chann
 
 
 def _prepare_data(cfg: ClimateConfig) -> None:
-    """Synthetic netCDF -> converted HDF5 samples -> stats.h5, for whatever is missing."""
+    """Synthetic netCDF -> converted HDF5 samples -> stats.h5, for whatever is missing; and the class
+    counts a published statistics file lacks, when the loss weights need them (a file of their own)."""
     def generate(root):
         netcdf = generate_dataset(root / "netcdf", cfg.data.synth, progress=False)
         for split in SPLITS:
             convert([str(p) for p in netcdf[split]], root / split)
 
-    _prepare(cfg, generate, "CAM5 fields (netCDF, converted)", compute_stats, stats_path(cfg), CHANNELS)
+    stats_file = stats_path(cfg)
+    _prepare(cfg, generate, "CAM5 fields (netCDF, converted)", compute_stats, stats_file, CHANNELS)
+    counts_file = class_counts_path(stats_file)
+    if isinstance(cfg.loss.class_weights, str) and cfg.loss.class_weights != "none" and stats_file.is_file() \
+            and "class_frequencies" not in load_stats(stats_file) and not counts_file.is_file():
+        files = [f.path for f in split_files(cfg, "train")]
+        frequencies = write_class_counts(counts_file, files)
+        print(f"{stats_file} holds no class frequencies; counted them over {len(files)} training samples into "
+              f"{counts_file}: " + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)), flush=True)
 
 
 def _loss(cfg: ClimateConfig):

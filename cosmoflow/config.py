@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from common.config import AppConfig, DataSection, Section
 
-# Order of the four targets in the files (``y`` / ``unitPar``).
+# Order of the four targets in the MLPerf files (``y`` / ``unitPar``), where no ``namePar`` says otherwise.
 TARGET_NAMES = ("Omega_m", "sigma_8", "n_s", "H0")
+TargetName = Literal["Omega_m", "sigma_8", "n_s", "H0"]
 
 
 class MockSection(Section):
@@ -37,19 +38,35 @@ class CosmoDataSection(DataSection):
     samples_per_file: PositiveInt = Field(1, description="TFRecord samples per file (1 in the MLPerf layout)")
     n_train: PositiveInt | None = Field(None, description="training samples to use (default: all present)")
     n_valid: PositiveInt | None = Field(None, description="validation samples to use (default: all present)")
-    target_names: list[Literal["Omega_m", "sigma_8", "n_s", "H0"]] = Field(default_factory=lambda: list(TARGET_NAMES))
+    target_names: list[TargetName] = Field(default_factory=lambda: list(TARGET_NAMES),
+                                           description="the targets the network predicts, in this order")
+    file_target_names: list[TargetName] | None = Field(
+        None, description="the order of the targets in the files; default: the raw files' namePar where present, "
+                          "else Omega_m, sigma_8, n_s, H0 (the MLPerf data)")
+    target_offset: list[float] | None = Field(
+        None, description="targets -> (y - offset) / scale, one value per file target (SC18 records hold "
+                          "physical values: its zsAVG); default: none (unitPar are already in [-1, 1])")
+    target_scale: list[PositiveFloat] | None = Field(None, description="see target_offset (SC18: zsSTD)")
     apply_log: bool = Field(True, description="x -> log(1 + x); else x / mean(x)")
     augment: bool = Field(False, description="random flips and axis permutations (isotropy)")
     shuffle_buffer: NonNegativeInt = Field(0, description="sample shuffle buffer after reading (0: file shuffle only)")
     stage_dir: str | None = Field(None, description="copy each rank's files here (node-local SSD, /dev/shm) before training")
     mock: MockSection = Field(default_factory=MockSection)
 
-    @field_validator("target_names")
+    @field_validator("target_names", "file_target_names")
     @classmethod
     def _unique_targets(cls, names):
-        if not names or len(set(names)) != len(names):
-            raise ValueError("target_names must be a non-empty list without repeats")
+        if names is not None and (not names or len(set(names)) != len(names)):
+            raise ValueError("must be a non-empty list without repeats")
         return names
+
+    @model_validator(mode="after")
+    def _target_normalisation(self):
+        if (self.target_offset is None) != (self.target_scale is None):
+            raise ValueError("data.target_offset and data.target_scale go together")
+        if self.target_offset is not None and len(self.target_offset) != len(self.target_scale):
+            raise ValueError("data.target_offset and data.target_scale need one value per file target each")
+        return self
 
 
 class CosmoModelSection(Section):

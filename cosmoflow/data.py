@@ -1,20 +1,32 @@
 """CosmoFlow data: TFRecord and HDF5 readers and the tf.data pipeline.
 
 Layout of ``data.data_dir``: ``train/`` and ``validation/`` subdirectories.
+Within ``data.format`` (tfrecord or hdf5) the variant is told by the files'
+content (:class:`Layout`), never by their names:
 
-- TFRecord (MLPerf): one example per sample (``samples_per_file`` per file),
-  feature ``x`` raw bytes of int16 counts of ``sample_shape``, ``y``
-  float32[4] targets in [-1, 1] (Omega_m, sigma_8, n_s, H0); files may be
-  GZIP-compressed (``compression: gzip``).
-- HDF5 (raw): ``full`` int16 counts (N, N, N, C) channels last and ``unitPar``
-  float32[4]; each volume is cut into (N / crop)^3 crops of ``sample_shape``.
+- TFRecord, MLPerf (since 2020): one example per sample (``samples_per_file``
+  per file), ``x`` raw bytes of int16 counts of ``sample_shape``, ``y``
+  float32 targets in [-1, 1]; GZIP-compressed files too (``compression: gzip``).
+- TFRecord, cosmoflow-benchmark before 2020: ``x`` a float list.
+- TFRecord, SC18 (NERSC/CosmoFlow): ``data_raw`` and ``label_raw`` raw bytes,
+  float32 or float64 (told by their length), physical parameter values that
+  ``data.target_offset`` / ``target_scale`` normalise (its zsAVG / zsSTD).
+- HDF5, raw universes: ``full`` int16 counts (N, N, N, C) channels last,
+  ``unitPar`` (and ``namePar``, which gives the target order); each volume
+  is cut into (N / crop)^3 crops of ``sample_shape``.
+- HDF5, split by ``prepare.py`` without ``--write-tfrecord``: ``x`` (one crop)
+  and ``y`` per file.
 
-Sample counts come from the files present: asking for more (``n_train``,
+Targets are picked by name (``data.target_names``) from the file order
+(``namePar``, else ``data.file_target_names``, else the MLPerf order) and
+checked as read: finite, and within the network's output range.  Sample
+counts come from the files present: asking for more (``n_train``,
 ``n_valid``) is an error; fewer is allowed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 
@@ -41,51 +53,164 @@ def _compression(cfg_data) -> str:
     return "GZIP" if cfg_data.compression == "gzip" else ""
 
 
-def parse_example(record, sample_shape):
-    features = tf.io.parse_single_example(record, {
-        "x": tf.io.FixedLenFeature([], tf.string),
-        "y": tf.io.FixedLenFeature([len(TARGET_NAMES)], tf.float32),
-    })
-    x = tf.io.decode_raw(features["x"], tf.int16)
-    x = tf.reshape(x, sample_shape)
-    return x, features["y"]
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What a dataset's files hold, told by their content."""
+
+    kind: str                   # mlperf | float_list | sc18 | raw_hdf5 | split_hdf5
+    x_dtype: str                # int16 | float32 | float64 (what the file stores)
+    targets: tuple[str, ...]    # the names of y, in file order
+    names_from: str             # where that order came from
+
+    def describe(self) -> str:
+        what = {"mlperf": "MLPerf TFRecords (x int16 bytes, y floats)",
+                "float_list": "TFRecords with x as a float list (cosmoflow-benchmark before 2020)",
+                "sc18": f"SC18 TFRecords (data_raw, label_raw {self.x_dtype} bytes)",
+                "raw_hdf5": "raw HDF5 universes (full, unitPar), cut into crops",
+                "split_hdf5": "split HDF5 crops (x, y; prepare.py)"}[self.kind]
+        return f"{what}; targets in the files: {list(self.targets)} ({self.names_from})"
+
+
+CANONICAL_TARGETS = {"omega_m": "Omega_m", "om": "Omega_m", "omegam": "Omega_m", "sigma_8": "sigma_8",
+                     "sigma8": "sigma_8", "s8": "sigma_8", "n_s": "n_s", "ns": "n_s", "n_spec": "n_s",
+                     "h0": "H0", "h_0": "H0"}
+
+
+def canonical_targets(names, path: str) -> tuple[str, ...]:
+    """``namePar`` spellings (Omega_m, sigma_8, N_spec, H_0, ...) as the suite's target names."""
+    out = []
+    for name in names:
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        if name.strip().lower() not in CANONICAL_TARGETS:
+            raise DataError(f"{path}: namePar names {name!r}, not one of Omega_m, sigma_8, n_s (N_spec), H0 (H_0)")
+        out.append(CANONICAL_TARGETS[name.strip().lower()])
+    return tuple(out)
+
+
+def file_targets(data, count: int, path: str, name_par=None) -> tuple[tuple[str, ...], str]:
+    """(target names in file order, where they came from) for a file holding ``count`` targets."""
+    if name_par is not None:
+        names, source = canonical_targets(name_par, path), "namePar"
+        if data.file_target_names is not None and list(names) != list(data.file_target_names):
+            raise DataError(f"{path}: namePar gives the targets {list(names)}, data.file_target_names says "
+                            f"{data.file_target_names}")
+    elif data.file_target_names is not None:
+        names, source = tuple(data.file_target_names), "data.file_target_names"
+    else:
+        names, source = TARGET_NAMES, "the MLPerf order; data.file_target_names sets another"
+    if len(names) != count:
+        raise DataError(f"{path}: holds {count} targets, but {source} names {len(names)} ({list(names)}); "
+                        "set data.file_target_names to the files' order")
+    missing = [n for n in data.target_names if n not in names]
+    if missing:
+        raise DataError(f"{path}: data.target_names asks for {missing}, the files hold {list(names)}")
+    if data.target_offset is not None and len(data.target_offset) != count:
+        raise DataError(f"{path}: holds {count} targets, data.target_offset / target_scale give "
+                        f"{len(data.target_offset)} values")
+    return names, source
+
+
+def record_layout(path: str, cfg: CosmoflowConfig) -> Layout:
+    """The layout of a TFRecord dataset, from the first record of one of its files."""
+    data = cfg.data
+    try:
+        record = next(iter(tf.data.TFRecordDataset(path, compression_type=_compression(data))))
+    except (tf.errors.OpError, StopIteration) as exc:
+        raise DataError(f"{path}: no readable first record ({type(exc).__name__})") from None
+    features = tf.train.Example.FromString(record.numpy()).features.feature
+    voxels = int(np.prod(data.sample_shape))
+    if "data_raw" in features and "label_raw" in features:
+        size = len(features["data_raw"].bytes_list.value[0]) if features["data_raw"].bytes_list.value else 0
+        if size not in (4 * voxels, 8 * voxels):
+            raise DataError(f"{path}: SC18 record: data_raw holds {size} bytes, expected {voxels} float32 or float64 "
+                            f"values (data.sample_shape {list(data.sample_shape)}; SC18: [64, 64, 64, 1])")
+        dtype = "float32" if size == 4 * voxels else "float64"
+        labels = len(features["label_raw"].bytes_list.value[0]) // np.dtype(dtype).itemsize
+        names, source = file_targets(data, labels, path)
+        if data.target_offset is None:
+            raise DataError(f"{path}: SC18 records hold physical parameter values, not [-1, 1] units; set "
+                            "data.target_offset and data.target_scale (SC18's zsAVG and zsSTD)")
+        return Layout("sc18", dtype, names, source)
+    if "x" not in features or "y" not in features:
+        raise DataError(f"{path}: records need features x and y (MLPerf) or data_raw and label_raw (SC18), "
+                        f"found {sorted(features)}")
+    if features["x"].bytes_list.value:
+        kind, size, expected = "mlperf", len(features["x"].bytes_list.value[0]), 2 * voxels
+    else:
+        kind, size, expected = "float_list", len(features["x"].float_list.value), voxels
+    if size != expected:
+        raise DataError(f"{path}: 'x' holds {size} {'bytes' if kind == 'mlperf' else 'floats'}, expected {expected} "
+                        f"({'int16 x ' if kind == 'mlperf' else ''}data.sample_shape {list(data.sample_shape)})")
+    names, source = file_targets(data, len(features["y"].float_list.value), path)
+    return Layout(kind, "int16" if kind == "mlperf" else "float32", names, source)
+
+
+def parse_example(record, sample_shape, layout: Layout):
+    """(x as stored: int16 or float32, y float32) of one serialised example."""
+    n = len(layout.targets)
+    if layout.kind == "sc18":
+        features = tf.io.parse_single_example(record, {"data_raw": tf.io.FixedLenFeature([], tf.string),
+                                                       "label_raw": tf.io.FixedLenFeature([], tf.string)})
+        dtype = tf.float32 if layout.x_dtype == "float32" else tf.float64
+        x = tf.cast(tf.reshape(tf.io.decode_raw(features["data_raw"], dtype), sample_shape), tf.float32)
+        y = tf.cast(tf.reshape(tf.io.decode_raw(features["label_raw"], dtype), [n]), tf.float32)
+        return x, y
+    x_feature = tf.io.FixedLenFeature([], tf.string) if layout.kind == "mlperf" else \
+        tf.io.FixedLenFeature([math.prod(sample_shape)], tf.float32)
+    features = tf.io.parse_single_example(record, {"x": x_feature, "y": tf.io.FixedLenFeature([n], tf.float32)})
+    x = tf.io.decode_raw(features["x"], tf.int16) if layout.kind == "mlperf" else features["x"]
+    return tf.reshape(x, sample_shape), features["y"]
 
 
 # -- HDF5 -----------------------------------------------------------------------------
 
-def hdf5_crops(path: str, crop: tuple[int, int, int, int]) -> int:
-    """Number of crops of ``crop`` in one raw file, after checking its layout."""
+def hdf5_layout(path: str, cfg: CosmoflowConfig) -> tuple[int, Layout]:
+    """(crops in the file, its layout) after checking its datasets: raw universes or split crops."""
+    data = cfg.data
+    crop = data.sample_shape
     try:
         with h5py.File(path, "r") as f:
-            if "full" not in f or "unitPar" not in f:
-                raise DataError(f"{path}: expected datasets 'full' and 'unitPar'")
-            shape = f["full"].shape
-            dtype = f["full"].dtype
-            targets = f["unitPar"].shape
+            if "full" in f and "unitPar" in f:
+                kind, x_key, y_key = "raw_hdf5", "full", "unitPar"
+            elif "x" in f and "y" in f:
+                kind, x_key, y_key = "split_hdf5", "x", "y"
+            else:
+                raise DataError(f"{path}: expected datasets 'full' and 'unitPar' (raw universes) or 'x' and 'y' "
+                                f"(split by prepare.py); found {sorted(f)[:6]}")
+            shape, dtype, targets = f[x_key].shape, f[x_key].dtype, f[y_key].shape
+            name_par = f["namePar"][()] if "namePar" in f else None
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
     if len(shape) != 4 or shape[3] != crop[3]:
-        raise DataError(f"{path}: 'full' has shape {shape}, expected (N, N, N, {crop[3]}) channels last")
+        raise DataError(f"{path}: '{x_key}' has shape {shape}, expected (N, N, N, {crop[3]}) channels last")
+    if kind == "split_hdf5" and tuple(shape) != tuple(crop):
+        raise DataError(f"{path}: 'x' has shape {shape}, expected data.sample_shape {tuple(crop)}")
     if any(s % c for s, c in zip(shape[:3], crop[:3])):
         raise DataError(f"{path}: 'full' shape {shape[:3]} is not a multiple of the crop {crop[:3]}")
-    if targets != (len(TARGET_NAMES),):
-        raise DataError(f"{path}: 'unitPar' has shape {targets}, expected ({len(TARGET_NAMES)},)")
+    if len(targets) != 1:
+        raise DataError(f"{path}: '{y_key}' has shape {targets}, expected one value per target")
     if not np.issubdtype(dtype, np.integer):
-        raise DataError(f"{path}: 'full' has dtype {dtype}, expected integer particle counts")
-    return int(np.prod([s // c for s, c in zip(shape[:3], crop[:3])]))
+        raise DataError(f"{path}: '{x_key}' has dtype {dtype}, expected integer particle counts")
+    names, source = file_targets(data, targets[0], path, name_par)
+    crops = int(np.prod([s // c for s, c in zip(shape[:3], crop[:3])]))
+    return crops, Layout(kind, "int16", names, source)
 
 
 def read_hdf5_crop(path, index, crop):
-    """Crop number ``index`` (C order over the crop grid) of a raw file."""
+    """Crop number ``index`` (C order over the crop grid) of a raw file, or the one crop of a split file."""
     path = path.decode() if isinstance(path, bytes) else str(path)
     with h5py.File(path, "r") as f:
-        full = f["full"]
-        per_side = [s // c for s, c in zip(full.shape[:3], crop[:3])]
-        i, j, k = np.unravel_index(int(index), per_side)
-        x = full[i * crop[0]:(i + 1) * crop[0], j * crop[1]:(j + 1) * crop[1], k * crop[2]:(k + 1) * crop[2], :]
-        y = f["unitPar"][:]
+        split = "x" in f and "full" not in f
+        if split:
+            x, y = f["x"][()], f["y"][:]
+        else:
+            full = f["full"]
+            per_side = [s // c for s, c in zip(full.shape[:3], crop[:3])]
+            i, j, k = np.unravel_index(int(index), per_side)
+            x = full[i * crop[0]:(i + 1) * crop[0], j * crop[1]:(j + 1) * crop[1], k * crop[2]:(k + 1) * crop[2], :]
+            y = f["unitPar"][:]
     if not np.all(np.isfinite(y)):
-        raise DataError(f"{path}: 'unitPar' holds NaN or Inf")
+        raise DataError(f"{path}: '{'y' if split else 'unitPar'}' holds NaN or Inf")
     return np.asarray(x, np.int16), np.asarray(y, np.float32)
 
 
@@ -126,23 +251,6 @@ def augment(x, seed):
 
 # -- pipeline ---------------------------------------------------------------------------
 
-def _check_first_record(path: str, cfg: CosmoflowConfig) -> None:
-    """The first record has an ``x`` of ``sample_shape`` int16 values and a ``y`` of 4 floats."""
-    record = next(iter(tf.data.TFRecordDataset(path, compression_type=_compression(cfg.data))))
-    example = tf.train.Example.FromString(record.numpy())
-    features = example.features.feature
-    if "x" not in features or "y" not in features:
-        raise DataError(f"{path}: records need features 'x' (int16 bytes) and 'y' (4 floats), "
-                        f"found {sorted(features)}")
-    expected = int(np.prod(cfg.data.sample_shape)) * 2
-    size = len(features["x"].bytes_list.value[0]) if features["x"].bytes_list.value else 0
-    if size != expected:
-        raise DataError(f"{path}: 'x' holds {size} bytes, expected {expected} (int16 x data.sample_shape "
-                        f"{list(cfg.data.sample_shape)})")
-    if len(features["y"].float_list.value) != len(TARGET_NAMES):
-        raise DataError(f"{path}: 'y' holds {len(features['y'].float_list.value)} floats, expected {len(TARGET_NAMES)}")
-
-
 def _inspect_tfrecord(cfg: CosmoflowConfig):
     data = cfg.data
 
@@ -162,13 +270,13 @@ def _inspect_tfrecord(cfg: CosmoflowConfig):
 
 
 def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key: str, dist: Distributed):
-    """(files to read, samples used, HDF5 crop index or None, bad-file problems) for one split."""
+    """(files to read, samples used, HDF5 crop index or None, bad-file problems, layout) for one split."""
     data = cfg.data
     directory = pathlib.Path(data.data_dir) / split
     if data.format == "tfrecord":
         files = list_files(directory, TFRECORD_PATTERNS, f"CosmoFlow {split} TFRecord")
         files, counts, problems = screen_files(files, _inspect_tfrecord(cfg), dist, data.on_bad_file, str(directory))
-        _check_first_record(files[0], cfg)
+        layout = record_layout(files[0], cfg)
         used = select_count(sum(counts.values()), requested, key, str(directory))
         chosen, total = [], 0
         for f in files:
@@ -176,17 +284,22 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
                 break
             chosen.append(f)
             total += counts[f]
-        return chosen, used, None, problems
+        return chosen, used, None, problems, layout
     files = list_files(directory, HDF5_PATTERNS, f"CosmoFlow {split} HDF5")
-    files, crops, problems = screen_files(files, lambda f: hdf5_crops(f, data.sample_shape), dist,
-                                          data.on_bad_file, str(directory))
-    used = select_count(sum(crops.values()), requested, key, str(directory))
-    index = [(f, c) for f in files for c in range(crops[f])][:used]
-    return sorted({f for f, _ in index}), used, index, problems
+    files, found, problems = screen_files(files, lambda f: hdf5_layout(f, cfg), dist, data.on_bad_file, str(directory))
+    layouts = {layout for _, layout in found.values()}
+    if len(layouts) > 1:
+        raise DataError(f"{directory}: files of different layouts or target orders: "
+                        + "; ".join(sorted(layout.describe() for layout in layouts)))
+    used = select_count(sum(n for n, _ in found.values()), requested, key, str(directory))
+    index = [(f, c) for f in files for c in range(found[f][0])][:used]
+    return sorted({f for f, _ in index}), used, index, problems, layouts.pop()
 
 
-def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed, training: bool):
-    """(x int16, y float32[4], file name) per sample for this rank, shuffled with ``seed`` when training.
+def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed, training: bool,
+             layout: Layout):
+    """(x as stored, y float32 in file order, file name) per sample for this rank, shuffled with ``seed``
+    when training.
 
     With staging, ``files`` are this rank's staged copies (a fixed share).
     """
@@ -216,7 +329,7 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
             cycle_length=min(8, len(files)) if training else 1, num_parallel_calls=AUTOTUNE, deterministic=True)
         if record_sharding:
             records = records.shard(dist.size, dist.rank)
-        return records.map(lambda r, name: (*parse_example(r, shape), name), num_parallel_calls=AUTOTUNE)
+        return records.map(lambda r, name: (*parse_example(r, shape, layout), name), num_parallel_calls=AUTOTUNE)
 
     paths = tf.constant([p for p, _ in index])
     crops = tf.constant([c for _, c in index], dtype=tf.int64)
@@ -229,43 +342,58 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
         x, y = tf.numpy_function(lambda p, c: read_hdf5_crop(p, c, shape), [path, crop_index],
                                  [tf.int16, tf.float32], stateful=False)
         x.set_shape(shape)
-        y.set_shape([len(TARGET_NAMES)])
+        y.set_shape([len(layout.targets)])
         return x, y, path
 
     return items.map(read, num_parallel_calls=AUTOTUNE)
 
 
-def check_batch(x, y, files):
+def check_batch(x, y, files, bound: float):
     """A float32 zero the batch's targets are computed through: raises a DataError naming the first file
-    whose sample holds negative particle counts or non-finite targets.  (It must feed the data: an op used
-    only as a control dependency would be pruned by TensorFlow's graph optimiser.)"""
-    def check(names, lowest, finite):
-        for name, low, ok in zip(names, lowest, finite):
+    whose sample holds negative particle counts, non-finite targets or targets beyond ``bound`` (the
+    network's output range).  (It must feed the data: an op used only as a control dependency would be
+    pruned by TensorFlow's graph optimiser.)"""
+    def check(names, lowest, finite, largest):
+        for name, low, ok, top in zip(names, lowest, finite, largest):
             if low < 0:
                 raise DataError(f"{name.decode()}: 'x' holds negative particle counts (lowest {low})")
             if not ok:
                 raise DataError(f"{name.decode()}: 'y' holds NaN or Inf")
+            if top > bound:
+                raise DataError(f"{name.decode()}: a target of {top:.4g} (normalised) is beyond the network's "
+                                f"output range +-{bound:g} (model.output_scale); MLPerf unitPar are in [-1, 1]: "
+                                "check data.target_offset / target_scale or data.file_target_names")
         return np.float32(0)
 
     spatial = list(range(1, len(x.shape)))
-    zero = tf.numpy_function(check, [files, tf.reduce_min(x, axis=spatial), tf.reduce_all(tf.math.is_finite(y), 1)],
-                             tf.float32, stateful=False)
+    zero = tf.numpy_function(check, [files, tf.reduce_min(x, axis=spatial), tf.reduce_all(tf.math.is_finite(y), 1),
+                                     tf.reduce_max(tf.abs(y), 1)], tf.float32, stateful=False)
     return tf.ensure_shape(zero, [])
 
 
-def _inputs_and_targets(cfg: CosmoflowConfig, dtype=tf.float32):
+def targets_transform(cfg: CosmoflowConfig, layout: Layout):
+    """y in file order -> the normalised targets of ``data.target_names``."""
+    data = cfg.data
+    index = [layout.targets.index(n) for n in data.target_names]
+    offset = np.asarray(data.target_offset or np.zeros(len(layout.targets)), np.float32)[index]
+    scale = np.asarray(data.target_scale or np.ones(len(layout.targets)), np.float32)[index]
+    return lambda y: (tf.gather(y, index, axis=-1) - offset) / scale
+
+
+def _inputs_and_targets(cfg: CosmoflowConfig, layout: Layout, dtype=tf.float32):
     """(x, y, files) batch -> (normalised x, selected targets), both checked (:func:`check_batch`)."""
     data = cfg.data
-    target_index = [TARGET_NAMES.index(n) for n in data.target_names]
+    targets = targets_transform(cfg, layout)
 
     def finish(x, y, files):
-        zero = check_batch(x, y, files)
-        return normalise(x, data.apply_log, dtype), tf.gather(y, target_index, axis=1) + zero
+        y = targets(y)
+        zero = check_batch(x, y, files, cfg.model.output_scale)
+        return normalise(x, data.apply_log, dtype), y + zero
 
     return finish
 
 
-def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed) -> tf.data.Dataset:
+def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed, layout: Layout) -> tf.data.Dataset:
     data = cfg.data
 
     # Shuffle, augment and batch the raw int16 counts; normalise whole batches last: flips and permutations
@@ -282,18 +410,24 @@ def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, se
         dataset = dataset.map(lambda x, y, f: (x[tf.newaxis], y[tf.newaxis], f[tf.newaxis]))
     else:
         dataset = dataset.batch(data.batch_size, drop_remainder=True)
-    return dataset.map(_inputs_and_targets(cfg, compute_dtype(cfg.train.precision)), num_parallel_calls=AUTOTUNE)
+    return dataset.map(_inputs_and_targets(cfg, layout, compute_dtype(cfg.train.precision)),
+                       num_parallel_calls=AUTOTUNE)
 
 
 def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     """Training (repeating) and validation pipelines for this rank."""
     data = cfg.data
     seed = cfg.train.seed
-    train_files, n_train, train_index, train_bad = _split_samples(cfg, "train", data.n_train, "data.n_train", dist)
-    valid_files, n_valid, valid_index, valid_bad = _split_samples(cfg, "validation", data.n_valid, "data.n_valid",
-                                                                  dist)
+    train_files, n_train, train_index, train_bad, layout = _split_samples(cfg, "train", data.n_train, "data.n_train",
+                                                                          dist)
+    valid_files, n_valid, valid_index, valid_bad, valid_layout = _split_samples(cfg, "validation", data.n_valid,
+                                                                                "data.n_valid", dist)
+    if valid_layout != layout:
+        raise DataError(f"{data.data_dir}: train/ holds {layout.describe()}, validation/ {valid_layout.describe()}")
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
+    if dist.is_root:
+        print(f"cosmoflow data: {data.data_dir}: {layout.describe()}; predicting {data.target_names}", flush=True)
 
     if data.stage_dir and data.format == "tfrecord":
         train_files = stage_files(train_files, data.stage_dir, dist)
@@ -301,11 +435,11 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     def train_epoch(epoch):
         # A rank whose share is short of steps x batch (uneven files) reuses a few samples.
         seed_e = epoch_seed(seed, epoch)
-        records = _records(cfg, train_files, train_index, dist, seed_e, training=True).repeat(2)
-        return _pipeline(cfg, records, training=True, seed=seed_e)
+        records = _records(cfg, train_files, train_index, dist, seed_e, True, layout).repeat(2)
+        return _pipeline(cfg, records, training=True, seed=seed_e, layout=layout)
 
-    valid_records = _records(cfg, valid_files, valid_index, dist, seed, training=False).repeat(2)
-    validation = _pipeline(cfg, valid_records, training=False, seed=seed).take(valid_steps).repeat()
+    valid_records = _records(cfg, valid_files, valid_index, dist, seed, False, layout).repeat(2)
+    validation = _pipeline(cfg, valid_records, training=False, seed=seed, layout=layout).take(valid_steps).repeat()
     return Datasets(train_epoch=train_epoch, validation=validation, steps_per_epoch=steps,
                     validation_steps=valid_steps,
                     train_samples=steps * data.batch_size * dist.size,
@@ -315,61 +449,73 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
 
 def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple[tf.data.Dataset, int]:
     """Every sample of a split, in file order, in batches (the last one may be short)."""
-    files, used, index, _ = _split_samples(cfg, split, None, "data", Distributed(None))
-    records = _records(cfg, files, index, Distributed(None), cfg.train.seed, training=False)
-    dataset = records.batch(cfg.data.batch_size).map(_inputs_and_targets(cfg), num_parallel_calls=AUTOTUNE)
+    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed(None))
+    records = _records(cfg, files, index, Distributed(None), cfg.train.seed, False, layout)
+    dataset = records.batch(cfg.data.batch_size).map(_inputs_and_targets(cfg, layout), num_parallel_calls=AUTOTUNE)
     return dataset.prefetch(AUTOTUNE), used
 
 
 def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
     """All normalised targets of a split (for baselines), selected as configured."""
-    files, used, index, _ = _split_samples(cfg, split, None, "data", Distributed(None))
-    target_index = [TARGET_NAMES.index(n) for n in cfg.data.target_names]
-    if cfg.data.format == "hdf5":
-        values = []
+    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed(None))
+    if layout.kind in ("raw_hdf5", "split_hdf5"):
+        key = "unitPar" if layout.kind == "raw_hdf5" else "y"
+        per_file = {}
         for path in files:
             with h5py.File(path, "r") as f:
-                values.append(np.asarray(f["unitPar"][:], np.float32))
-        per_file = dict(zip(files, values))
+                per_file[path] = np.asarray(f[key][:], np.float32)
         ys = np.stack([per_file[p] for p, _ in index])
     else:
-        spec = {"y": tf.io.FixedLenFeature([len(TARGET_NAMES)], tf.float32)}
         raw = tf.data.TFRecordDataset(files, compression_type=_compression(cfg.data))
-        ys = np.stack([tf.io.parse_single_example(r, spec)["y"].numpy() for r in raw])
-    return ys[:, target_index]
+        shape = tuple(cfg.data.sample_shape)
+        ys = np.stack([parse_example(r, shape, layout)[1].numpy() for r in raw])[:used]
+    return targets_transform(cfg, layout)(ys).numpy()
 
 
 def check_data(cfg: CosmoflowConfig) -> tuple[int, list[str]]:
     """Read every file of both splits completely; (files checked, every problem found)."""
     data = cfg.data
+    layouts: dict = {}
 
     def check_file(path):
         if data.format == "tfrecord":
-            _check_tfrecord_fully(path, cfg)
+            _check_tfrecord_fully(path, cfg, layouts)
             return
-        for crop in range(hdf5_crops(path, data.sample_shape)):
-            x, _ = read_hdf5_crop(path, crop, data.sample_shape)
-            if x.min() < 0:
-                raise DataError(f"{path}: negative particle counts in crop {crop}")
+        crops, layout = hdf5_layout(path, cfg)
+        targets = targets_transform(cfg, layout)
+        for crop in range(crops):
+            x, y = read_hdf5_crop(path, crop, data.sample_shape)
+            _check_values(path, f"crop {crop}", x, targets(y).numpy(), cfg.model.output_scale)
 
     return check_split_files(data.data_dir, ("train", "validation"),
                              TFRECORD_PATTERNS if data.format == "tfrecord" else HDF5_PATTERNS,
                              f"CosmoFlow {data.format}", check_file)
 
 
-def _check_tfrecord_fully(path: str, cfg: CosmoflowConfig) -> None:
+def _check_values(path, where: str, x, y, bound: float) -> None:
+    if np.min(x) < 0:
+        raise DataError(f"{path}: {where}: negative particle counts")
+    if not np.all(np.isfinite(y)) or np.max(np.abs(y)) > bound:
+        raise DataError(f"{path}: {where}: targets {np.round(y, 4).tolist()} (normalised) not finite or beyond "
+                        f"the network's output range +-{bound:g}")
+
+
+def _check_tfrecord_fully(path: str, cfg: CosmoflowConfig, layouts: dict) -> None:
+    """Every record's checksums, then its values, in the layout of its split's first whole file."""
     data = cfg.data
     count = scan_tfrecord(path, data.compression, verify_data=True)
     if count != data.samples_per_file:
         raise DataError(f"{path}: holds {count} records but data.samples_per_file is {data.samples_per_file}")
-    expected = int(np.prod(data.sample_shape)) * 2
+    split = pathlib.Path(path).parent.name
+    if split not in layouts:
+        layouts[split] = record_layout(path, cfg)
+    layout = layouts[split]
+    shape = tuple(data.sample_shape)
+    targets = targets_transform(cfg, layout)
     for i, record in enumerate(tf.data.TFRecordDataset(path, compression_type=_compression(data))):
-        features = tf.train.Example.FromString(record.numpy()).features.feature
-        x = features["x"].bytes_list.value[0] if "x" in features and features["x"].bytes_list.value else b""
-        y = np.array(features["y"].float_list.value if "y" in features else [], np.float32)
-        if len(x) != expected:
-            raise DataError(f"{path}: record {i}: 'x' holds {len(x)} bytes, expected {expected}")
-        if y.shape != (len(TARGET_NAMES),) or not np.all(np.isfinite(y)):
-            raise DataError(f"{path}: record {i}: 'y' must be {len(TARGET_NAMES)} finite floats, got {y.tolist()}")
-        if np.frombuffer(x, np.int16).min() < 0:
-            raise DataError(f"{path}: record {i}: negative particle counts")
+        try:
+            x, y = parse_example(record, shape, layout)
+        except tf.errors.OpError as exc:
+            raise DataError(f"{path}: record {i}: not a {layout.describe().split(';')[0]} record "
+                            f"({exc.message.splitlines()[0]})") from None
+        _check_values(path, f"record {i}", x.numpy(), targets(y).numpy(), cfg.model.output_scale)

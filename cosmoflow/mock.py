@@ -175,6 +175,7 @@ def write_hdf5(path, full: np.ndarray, unit_par: np.ndarray, physical: np.ndarra
         mark_hdf5(f, "cosmoflow.mock")
         f.create_dataset("full", data=np.asarray(full, np.int16), chunks=True)
         f.create_dataset("unitPar", data=np.asarray(unit_par, np.float32))
+        f.create_dataset("namePar", data=np.array(TARGET_NAMES, dtype="S"))   # as the real files name them
         if physical is not None:
             f.create_dataset("physPar", data=np.asarray(physical, np.float64))
             f["physPar"].attrs["names"] = ",".join(TARGET_NAMES)

@@ -22,7 +22,8 @@ class SynthSection(Section):
 
 
 class HepDataSection(DataSection):
-    layout: Literal["all_events", "benchmark"] = "all_events"
+    layout: Literal["auto", "all_events", "benchmark"] = Field(
+        "auto", description="file layout; auto: told by each file's datasets (all_events/ group or root data)")
     image_size: PositiveInt = Field(64, description="eta x phi bins (64: |eta| < 2.5; 224: |eta| < 5)")
     channels: Literal[1, 3] = Field(3, description="1: calorimeter energy; 3: + EM energy + track count")
     split: Literal["by_name", "fractions"] = Field(

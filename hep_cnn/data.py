@@ -3,10 +3,14 @@
 - ``all_events`` (ATLAS-style RPV files): group ``all_events/`` with ``hist``,
   ``histEM``, ``histtrack`` (N, H, W), ``y`` (1 signal, 0 background),
   ``weight``, ``passSR``.
-- ``benchmark`` (SC17 benchmark files): root ``data`` (N, 3, H, W) NCHW,
-  ``label``, ``normweight``, ``weight``, ``psr``.
+- ``benchmark`` (SC17 benchmark files, ``hep_{training,validation,test}_chunkN.hdf5``):
+  root ``data`` (N, 3, phi, eta), ``label``, ``normweight``, ``weight``, ``psr``.
 
-Images come out channels-last (H = eta, W = phi), 1 or 3 channels, divided by
+The layout is told by each file's datasets (``data.layout: auto``) or given.
+Images come out channels-last (H = eta, W = phi) whatever the layout: the
+benchmark's (phi, eta) images are transposed, so the augmentation flips eta
+(the detector is symmetric in it) and rolls phi (periodic), never the other
+way round.  1 or 3 channels, divided by
 the training-set maximum of each channel (``python -m hep_cnn.maxima``, stored
 beside the data).  Event weights are normalised as configured (none, w / max,
 log1p).  Splits: files named ``*train*``, ``*val*``, ``*test*``, or all files'
@@ -42,27 +46,42 @@ class Chunk:
     path: str
     start: int
     stop: int
+    layout: str = "all_events"
+
+
+def detect_layout(handle, path: str) -> str:
+    """``all_events`` or ``benchmark``, from what an open file holds."""
+    if "all_events" in handle:
+        return "all_events"
+    if "data" in handle and "label" in handle:
+        return "benchmark"
+    raise DataError(f"{path}: neither HEP layout: expected group all_events/ (hist, histEM, histtrack, y, weight, "
+                    f"passSR) or root datasets data (N, 3, phi, eta) and label; found {sorted(handle)[:6]}")
 
 
 # -- files and splits ---------------------------------------------------------------
 
-def _check_layout(path: str, layout: str, image_size: int) -> int:
-    """Events in one file, after checking its datasets and shapes."""
-    keys = LAYOUT_KEYS[layout]
+def _check_layout(path: str, layout: str, image_size: int) -> tuple[int, str]:
+    """(events, layout) of one file, after checking its datasets and shapes (``layout`` auto: detected)."""
     try:
         with h5py.File(path, "r") as f:
+            found = detect_layout(f, path)
+            if layout != "auto" and found != layout:
+                raise DataError(f"{path}: holds the {found} layout, but data.layout is {layout} "
+                                "(set data.layout: auto to read each file as it is)")
+            keys = LAYOUT_KEYS[found]
             missing = [k for k in (*keys["images"], keys["label"], keys["weight"], keys["pass_sr"]) if k not in f]
             if missing:
-                raise DataError(f"{path}: missing datasets {missing} for data.layout={layout}")
+                raise DataError(f"{path}: missing datasets {missing} for the {found} layout")
             shape = f[keys["images"][0]].shape
             n = len(f[keys["label"]])
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
-    expected = (n, 3, image_size, image_size) if layout == "benchmark" else (n, image_size, image_size)
+    expected = (n, 3, image_size, image_size) if found == "benchmark" else (n, image_size, image_size)
     if shape != expected:
         raise DataError(f"{path}: {keys['images'][0]} has shape {shape}, expected {expected} "
                         f"(data.image_size={image_size})")
-    return n
+    return n, found
 
 
 def split_chunks(cfg: HepConfig, split: str, dist: Distributed | None = None,
@@ -76,8 +95,10 @@ def split_chunks(cfg: HepConfig, split: str, dist: Distributed | None = None,
         if not files:
             raise DataError(f"{data.data_dir}: no files with {' or '.join(SPLIT_NAMES[split])} in their name "
                             f"for the {split} split (or set data.split: fractions)")
-    files, counts, bad = screen_files(files, lambda f: _check_layout(f, data.layout, data.image_size), dist,
-                                      data.on_bad_file, data.data_dir)
+    files, found, bad = screen_files(files, lambda f: _check_layout(f, data.layout, data.image_size), dist,
+                                     data.on_bad_file, data.data_dir)
+    counts = {f: n for f, (n, _) in found.items()}
+    layouts = {f: layout for f, (_, layout) in found.items()}
     if problems is not None:
         problems.extend(bad)
     if data.split == "by_name":
@@ -95,7 +116,8 @@ def split_chunks(cfg: HepConfig, split: str, dist: Distributed | None = None,
                 ranges.append((f, start, stop))
             offset += n
     size = data.chunk_size
-    return [Chunk(f, s, min(s + size, stop)) for f, start, stop in ranges for s in range(start, stop, size)]
+    return [Chunk(f, s, min(s + size, stop), layouts[f]) for f, start, stop in ranges
+            for s in range(start, stop, size)]
 
 
 def limit_chunks(chunks: list[Chunk], requested: int | None, key: str, where: str) -> tuple[list[Chunk], int]:
@@ -106,7 +128,7 @@ def limit_chunks(chunks: list[Chunk], requested: int | None, key: str, where: st
         if remaining <= 0:
             break
         take = min(remaining, c.stop - c.start)
-        out.append(Chunk(c.path, c.start, c.start + take))
+        out.append(dataclasses.replace(c, stop=c.start + take))
         remaining -= take
     return out, used
 
@@ -114,11 +136,11 @@ def limit_chunks(chunks: list[Chunk], requested: int | None, key: str, where: st
 # -- reading ----------------------------------------------------------------------------
 
 def read_chunk(path: str, start: int, stop: int, layout: str, channels: int):
-    """(images N x H x W x C float32, labels int32, weights float32, pass_sr int32), unscaled."""
+    """(images N x eta x phi x C float32, labels int32, weights float32, pass_sr int32), unscaled."""
     keys = LAYOUT_KEYS[layout]
     with h5py.File(path, "r") as f:
-        if layout == "benchmark":
-            images = np.transpose(f["data"][start:stop, :channels], (0, 2, 3, 1))
+        if layout == "benchmark":   # (N, C, phi, eta) -> (N, eta, phi, C)
+            images = np.transpose(f["data"][start:stop, :channels], (0, 3, 2, 1))
         else:
             images = np.stack([f[k][start:stop] for k in keys["images"][:channels]], axis=-1)
         labels = f[keys["label"]][start:stop]
@@ -140,7 +162,7 @@ def compute_maxima(cfg: HepConfig) -> dict:
     channel_max = np.zeros(3, np.float64)
     weight_max = 0.0
     for chunk in split_chunks(cfg, "train"):
-        images, _, weights, _ = read_chunk(chunk.path, chunk.start, chunk.stop, cfg.data.layout, 3)
+        images, _, weights, _ = read_chunk(chunk.path, chunk.start, chunk.stop, chunk.layout, 3)
         channel_max = np.maximum(channel_max, images.reshape(-1, 3).max(axis=0))
         weight_max = max(weight_max, float(weights.max()))
     return {"channel_max": channel_max.tolist(), "weight_max": weight_max,
@@ -181,7 +203,7 @@ def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed
     shape = (data.image_size, data.image_size, data.channels)
     scale = np.array(maxima["channel_max"][:data.channels], np.float32) if data.scale_by_maxima else None
     columns = (tf.constant([c.path for c in chunks]), tf.constant([c.start for c in chunks], tf.int64),
-               tf.constant([c.stop for c in chunks], tf.int64))
+               tf.constant([c.stop for c in chunks], tf.int64), tf.constant([c.layout for c in chunks]))
     if training:
         order = tf.random.experimental.stateless_shuffle(tf.range(len(chunks)), seed=[seed, 0])
         columns = tuple(tf.gather(column, order) for column in columns)
@@ -190,10 +212,10 @@ def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed
     if shard_chunks:
         table = table.shard(dist.size, dist.rank)
 
-    def read(path, start, stop):
+    def read(path, start, stop, layout):
         images, labels, weights, pass_sr = tf.numpy_function(
-            lambda p, a, b: read_chunk(p.decode(), int(a), int(b), data.layout, data.channels),
-            [path, start, stop], [tf.float32, tf.int32, tf.float32, tf.int32], stateful=False)
+            lambda p, a, b, lay: read_chunk(p.decode(), int(a), int(b), lay.decode(), data.channels),
+            [path, start, stop, layout], [tf.float32, tf.int32, tf.float32, tf.int32], stateful=False)
         images.set_shape((None, *shape))
         for t in (labels, weights, pass_sr):
             t.set_shape((None,))
@@ -210,7 +232,7 @@ def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed
 
 
 def augment(image, seed):
-    """Random eta flip and phi roll: the detector is symmetric in both."""
+    """Random eta flip (axis 0) and phi roll (axis 1, periodic): the detector is symmetric in both."""
     flip = tf.random.stateless_uniform([], seed=seed) < 0.5
     image = tf.cond(flip, lambda: tf.reverse(image, [0]), lambda: image)
     shift = tf.random.stateless_uniform([], seed=seed + 1, maxval=tf.shape(image)[1], dtype=tf.int32)
@@ -279,9 +301,9 @@ def check_data(cfg: HepConfig) -> tuple[int, list[str]]:
         return 0, [str(exc)]
     for path in files:
         try:
-            n = _check_layout(path, data.layout, data.image_size)
+            n, layout = _check_layout(path, data.layout, data.image_size)
             for start in range(0, n, data.chunk_size):
-                read_chunk(path, start, min(n, start + data.chunk_size), data.layout, 3)
+                read_chunk(path, start, min(n, start + data.chunk_size), layout, 3)
         except DataError as exc:
             problems.append(str(exc))
     for split in ("train", "validation", "test"):

@@ -145,7 +145,8 @@ def write_all_events(path, images, labels, weights, pass_sr) -> None:
 
 
 def write_benchmark(path, images, labels, weights, pass_sr) -> None:
-    """The SC17 benchmark layout: root datasets, images NCHW."""
+    """The SC17 benchmark layout: root datasets, images (N, 3, phi, eta) as the benchmark's files hold them."""
+    images = np.ascontiguousarray(np.transpose(images, (0, 1, 3, 2)))
     with h5py.File(path, "w") as f:
         mark_hdf5(f, "hep_cnn.synth")
         f.create_dataset("data", data=images, chunks=(min(64, len(labels)),) + images.shape[1:], compression="gzip",
@@ -210,7 +211,8 @@ def main(argv=None) -> int:
         generate_dataset(out, args.n_train or synth.n_train, args.n_validation or synth.n_validation,
                          args.n_test or synth.n_test, args.image_size or cfg.data.image_size,
                          synth.signal_fraction, synth.events_per_file,
-                         synth.seed if args.seed is None else args.seed, args.layout or cfg.data.layout)
+                         synth.seed if args.seed is None else args.seed,
+                         args.layout or ("all_events" if cfg.data.layout == "auto" else cfg.data.layout))
         print(f"wrote synthetic events to {out}")
     return 0
 

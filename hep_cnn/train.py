@@ -27,7 +27,7 @@ def _prepare_data(cfg: HepConfig) -> None:
     if data.synth.generate_if_missing and not dataset_present(directory):
         s = data.synth
         generate_dataset(directory, s.n_train, s.n_validation, s.n_test, data.image_size, s.signal_fraction,
-                         s.events_per_file, s.seed, data.layout)
+                         s.events_per_file, s.seed, "all_events" if data.layout == "auto" else data.layout)
         print(f"generated synthetic events in {directory}", flush=True)
     if not maxima_path(cfg).is_file():
         maxima = write_maxima(cfg)

@@ -195,7 +195,7 @@ def test_reader_selects_channels_and_box_columns_by_name(tmp_path):
         f["images"], f["boxes"], f["labeled"] = images, boxes, np.array([1, 0, 1], np.int8)
     cfg = detect_cfg(data={"data_dir": str(tmp_path), "file_channels": file_channels,
                            "channels": ["TMQ", "PSL", "U850"],
-                           "box_columns": ["class", "xmin", "ymin", "xmax", "ymax"]})
+                           "box_columns": ["class", "xmin", "ymin", "xmax", "ymax"], "box_classes": "0-3"})
     x, target = read_sample(cfg, str(tmp_path / "train" / "year.h5"), 0, True, np.zeros(3, np.float32),
                             np.ones(3, np.float32))
     for k, name in enumerate(["TMQ", "PSL", "U850"]):
@@ -206,7 +206,8 @@ def test_reader_selects_channels_and_box_columns_by_name(tmp_path):
     samples = split_samples(cfg, "train")
     assert [s.labeled for s in samples] == [True, False, True]
     hidden = split_samples(detect_cfg(data={"data_dir": str(tmp_path), "file_channels": file_channels,
-                                            "unlabeled_samples": [2]}), "train")
+                                            "unlabeled_samples": [2], "box_classes": "0-3",
+                                            "box_columns": ["class", "xmin", "ymin", "xmax", "ymax"]}), "train")
     assert [s.labeled for s in hidden] == [True, False, False]
 
 

@@ -32,6 +32,7 @@ def test_published_network_sizes():
 
 
 def make_events(n, seed):
+    """Events with images (N, 3, eta, phi)."""
     rng = np.random.default_rng(seed)
     images = rng.exponential(1.0, (n, 3, SIZE, SIZE)).astype(np.float32) * [[[1.0]], [[0.5]], [[3.0]]]
     labels = rng.integers(0, 2, n)
@@ -41,14 +42,15 @@ def make_events(n, seed):
 
 
 def write_layout(path, layout, images, labels, weights, pass_sr):
-    """Written with h5py directly in each published layout."""
+    """Written with h5py directly in each published layout: all_events (N, eta, phi) per channel, the
+    benchmark's data (N, 3, phi, eta) (histogram2d(phi, eta) in hep_cnn_benchmark)."""
     with h5py.File(path, "w") as f:
         if layout == "all_events":
             g = f.create_group("all_events")
             g["hist"], g["histEM"], g["histtrack"] = images[:, 0], images[:, 1], images[:, 2]
             g["y"], g["weight"], g["passSR"] = labels, weights, pass_sr
         else:
-            f["data"], f["label"], f["weight"], f["psr"] = images, labels, weights, pass_sr
+            f["data"], f["label"], f["weight"], f["psr"] = np.transpose(images, (0, 1, 3, 2)), labels, weights, pass_sr
             f["normweight"] = weights / weights.max()
 
 
@@ -76,14 +78,15 @@ def write_maxima(cfg):
 
 def test_readers_scale_by_training_maxima(layout_data):
     layout, directory, events = layout_data
-    cfg = config(directory, layout=layout, weight_normalisation="max")
+    cfg = config(directory, weight_normalisation="max")   # layout: auto, told by the files
+    assert {c.layout for c in split_chunks(cfg, "train")} == {layout}
     maxima = compute_maxima(cfg)
     train_images, _, train_weights, _ = events["train"]
     np.testing.assert_allclose(maxima["channel_max"], train_images.max(axis=(0, 2, 3)), rtol=1e-6)
     assert maxima["weight_max"] == pytest.approx(float(train_weights.max()))
     write_maxima(cfg)
 
-    # Test split in file order, raw weights: channels-last images divided by the maxima.
+    # Test split in file order, raw weights: channels-last (eta, phi) images divided by the maxima, either layout.
     images, labels, weights, pass_sr = (np.concatenate(a) for a in zip(*[
         tuple(t.numpy() for t in batch) for batch in evaluation_events(cfg, "test")]))
     test_images, test_labels, test_weights, test_pass = events["test"]
@@ -132,9 +135,33 @@ def test_augmentation_keeps_the_event_energy():
         np.testing.assert_allclose(tf.reduce_sum(out, axis=(0, 1)), tf.reduce_sum(image, axis=(0, 1)), rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["all_events", "benchmark"])
+def test_augmentation_rolls_phi_and_flips_eta_in_either_layout(tmp_path, layout):
+    """Every augmented image is the event with eta maybe reversed and phi cyclically shifted, never the
+    non-periodic eta rolled: checked against numpy on images read from each layout."""
+    from hep_cnn.data import augment
+
+    images, labels, weights, pass_sr = make_events(12, 5)
+    for split in ("train", "val", "test"):
+        write_layout(tmp_path / f"{split}_0000.h5", layout, images, labels, weights, pass_sr)
+    cfg = config(tmp_path, scale_by_maxima=False)
+    write_maxima(cfg)
+    x = next(iter(evaluation_events(cfg, "test")))[0].numpy()[0]                # (eta, phi, 3)
+    np.testing.assert_array_equal(x, np.transpose(images[0], (1, 2, 0)))
+    seen = set()
+    for seed in range(24):
+        out = augment(tf.constant(x), tf.constant([seed, 3], tf.int64)).numpy()
+        matches = [(flip, shift) for flip in (False, True) for shift in range(SIZE)
+                   if np.array_equal(out, np.roll(x[::-1] if flip else x, shift, axis=1))]
+        assert matches, "not an eta flip and phi roll of the event"
+        seen.add(matches[0])
+    assert {flip for flip, _ in seen} == {False, True} and len({shift for _, shift in seen}) > 4
+
+
 @pytest.mark.parametrize("case, pattern", [
     ("missing_split", "no files with test in their name"),
-    ("bad_layout", r"missing datasets \['all_events/hist'"),
+    ("bad_layout", r"train_0.h5: neither HEP layout: expected group all_events/"),
+    ("wrong_layout", r"train_0.h5: holds the benchmark layout, but data.layout is all_events"),
     ("bad_shape", r"has shape \(6, 8, 8\), expected \(6, 16, 16\)"),
     ("no_maxima", "training-set maxima not found"),
 ])
@@ -146,9 +173,10 @@ def test_bad_input(tmp_path, case, pattern):
         with h5py.File(tmp_path / "train_0.h5", "w") as f:
             f["data"] = images
     else:
-        write_layout(tmp_path / "train_0.h5", "all_events", images, labels, weights, pass_sr)
+        write_layout(tmp_path / "train_0.h5", "benchmark" if case == "wrong_layout" else "all_events", images,
+                     labels, weights, pass_sr)
     write_layout(tmp_path / "val_0.h5", "all_events", *make_events(6, 1))
-    cfg = config(tmp_path)
+    cfg = config(tmp_path, **({"layout": "all_events"} if case == "wrong_layout" else {}))
     with pytest.raises(DataError, match=pattern):
         if case == "missing_split":
             split_chunks(cfg, "test")
