@@ -22,6 +22,11 @@ JAX_STAMP := $(JAX_VENV)/.setup-complete
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/build_horovod.sh Makefile
+	@command -v mpicc >/dev/null 2>&1 || \
+	    { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	      echo "setup: installing Open MPI (Horovod is built with MPI and Gloo)" && apt-get update -qq && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null; } || \
+	    echo "setup: no MPI and no root with apt: Horovod is built with Gloo only (srun/mpirun launches need MPI)"
 	@test -x $(PY) || $(PYTHON_BIN) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
 	$(PY) -m pip install --quiet "$(TF_PACKAGE)"

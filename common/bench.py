@@ -33,8 +33,7 @@ import argparse
 import json
 import time
 
-from common.check_data import find_application
-from common.cli import exit_on_user_error, exit_process
+from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
 
 

@@ -12,31 +12,10 @@ the config's folder (``configs/<app>/...``).
 from __future__ import annotations
 
 import argparse
-import importlib
-import pathlib
 
-from common.cli import exit_on_user_error, exit_process
-from common.config import load_config, read_yaml
+from common.cli import exit_on_user_error, exit_process, find_application
+from common.config import load_config
 from common.errors import EXIT_BAD_INPUT, ConfigError
-
-
-def find_application(config_path: str, app_name: str | None):
-    candidates = [app_name] if app_name else []
-    raw = read_yaml(config_path)
-    if isinstance(raw.get("model"), dict) and raw["model"].get("name"):
-        candidates.append(raw["model"]["name"])
-    candidates.append(pathlib.Path(config_path).resolve().parent.name)
-    for name in candidates:
-        try:
-            module = importlib.import_module(f"{name}.train")
-        except ImportError:
-            continue
-        application = getattr(module, "APPLICATION", None)
-        if hasattr(module, "application_for"):   # a package with several applications picks one from the config
-            application = module.application_for(config_path)
-        if application is not None:
-            return application
-    raise ConfigError(f"{config_path}: cannot tell which application it configures; pass --app NAME")
 
 
 def main(argv=None) -> int:

@@ -71,7 +71,48 @@ def default_output_dir(app, cfg, config_path) -> pathlib.Path:
     return pathlib.Path("runs") / f"{app.name}-{stem}"
 
 
-def run_train(app, argv=None) -> int:
+def application_of(package: str, config_path=None):
+    """The Application of ``<package>.application``: its ``APPLICATION``, or the one ``application_for(config)``
+    picks where a package holds several (climate_seg: segmentation and detection)."""
+    import importlib
+
+    module = importlib.import_module(f"{package}.application")
+    if hasattr(module, "application_for"):
+        return module.application_for(config_path)
+    return module.APPLICATION
+
+
+def find_application(config_path: str, app_name: str | None = None):
+    """The application a config is for: ``app_name``, else the config's ``model.name``, else its folder
+    (``configs/<app>/...``)."""
+    from common.config import read_yaml
+    from common.errors import ConfigError
+
+    candidates = [app_name] if app_name else []
+    raw = read_yaml(config_path)
+    if isinstance(raw.get("model"), dict) and raw["model"].get("name"):
+        candidates.append(raw["model"]["name"])
+    candidates.append(pathlib.Path(config_path).resolve().parent.name)
+    for name in candidates:
+        try:
+            return application_of(name, config_path)
+        except ModuleNotFoundError as exc:
+            if exc.name not in (name, f"{name}.application"):
+                raise
+    raise ConfigError(f"{config_path}: cannot tell which application it configures; pass --app NAME")
+
+
+def run_train(package: str, argv=None) -> int:
+    """``python -m <package>.train``: the application of ``package`` trained as the command line says."""
+    from common.preemption import StopRequest
+
+    # First, before TensorFlow loads: a preemption signal during start-up is a stop request honoured at
+    # the first step (checkpoint, exit 75, requeue), not SIGUSR1's default action, which ends the rank.
+    stop_request = StopRequest()
+    with exit_on_user_error():
+        # The default application's parser reads --config; then the config picks the application.
+        config = train_parser(application_of(package)).parse_known_args(argv)[0].config
+        app = application_of(package, config)
     args = train_parser(app).parse_args(argv)
     with exit_on_user_error():
         from common.config import load_config
@@ -91,7 +132,8 @@ def run_train(app, argv=None) -> int:
                                 groups=cfg.distributed.groups)
         output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
         try:
-            train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak, force=args.force)
+            train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak, force=args.force,
+                  stop_request=stop_request)
         except Preempted as exc:
             if dist.is_root:
                 print(f"preempted: {exc}; rerun with --resume (exit {EXIT_PREEMPTED})", file=sys.stderr, flush=True)

@@ -75,6 +75,13 @@ class Distributed:
         return "horovod" if self._hvd is not None else "single"
 
     @property
+    def controller(self) -> str | None:
+        """How Horovod's ranks found each other: ``mpi`` (srun, mpirun, horovodrun --mpi) or ``gloo``."""
+        if self._hvd is None:
+            return None
+        return "mpi" if self._hvd.mpi_enabled() else "gloo"
+
+    @property
     def is_root(self) -> bool:
         return self.rank == 0
 

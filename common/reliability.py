@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -27,8 +26,7 @@ import keras
 import tensorflow as tf
 
 from common.errors import EXIT_HUNG, NonFiniteLoss, Preempted
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+from common.preemption import StopRequest
 
 
 class StepSignals:
@@ -44,29 +42,6 @@ class StepSignals:
         self.global_loss = tf.Variable(0.0, trainable=False, name="global_loss")
         self.exchange_ready = tf.Variable(0.0, trainable=False, name="exchange_ready")
         self.group_exchange_ready = tf.Variable(0.0, trainable=False, name="group_exchange_ready")
-
-
-class StopRequest:
-    """Installs handlers for SIGTERM and SIGUSR1 that set a flag (restored on ``close``)."""
-
-    def __init__(self, signals=STOP_SIGNALS):
-        self.requested = False
-        self.signal_name = None
-        self._previous = {}
-        for sig in signals:
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:   # not the main thread (e.g. under some test runners)
-                pass
-
-    def _handle(self, signum, frame):
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
-
-    def close(self):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
 
 
 class Watchdog:

@@ -199,7 +199,7 @@ def scaling_table(work: Workload, system: System, node_counts: list[int]) -> lis
 
 def workload_from_config(config: str, overrides: list[str], rank_samples_per_second: float | None,
                          dataset_bytes: float = 0.0, sample_bytes: float | None = None) -> Workload:
-    from common.check_data import find_application
+    from common.cli import find_application
     from common.config import load_config
     from common.flops import TRAINING_FLOPS_FACTOR
     from common.trainer import describe_model

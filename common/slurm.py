@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from common.check_data import find_application
-from common.cli import exit_on_user_error, exit_process
+from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
 
 

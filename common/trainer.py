@@ -193,7 +193,8 @@ def _write_json(path: pathlib.Path, payload: dict) -> None:
 
 
 def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str | pathlib.Path,
-          resume: bool = False, measure_peak: bool = False, force: bool = False) -> dict:
+          resume: bool = False, measure_peak: bool = False, force: bool = False,
+          stop_request: StopRequest | None = None) -> dict:
     """Train ``app`` as configured; write the run directory; return the summary.
 
     ``force``: start afresh in a run directory of an earlier run (its checkpoints are removed) or write
@@ -275,7 +276,7 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     if mlperf_log.enabled:
         _log_mlperf_hyperparameters(mlperf_log, app, cfg, datasets, global_batch_size, peak_lr, schedule)
 
-    stop_request = StopRequest()
+    stop_request = stop_request or StopRequest()   # the entry point's, installed before TensorFlow loaded
     watchdog = Watchdog(cfg.train.hang_timeout_s, dist.rank) if cfg.train.hang_timeout_s > 0 else None
     throughput = Throughput(global_batch_size, forward_flops, peak_flops_total, cfg.train.throughput_warmup_steps)
     saver = SaveCheckpoint(checkpoint_dir, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog)
@@ -296,7 +297,8 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
                                              app.mlperf.target(cfg), app.mlperf.higher_is_better)
             callbacks.append(mlperf_callback)
         callbacks.append(EpochReport(cfg.train.epochs))
-        print(f"{app.name}: {dist.size} rank(s) [{dist.backend}], global batch {global_batch_size}, "
+        backend = f"{dist.backend}/{dist.controller}" if dist.controller else dist.backend
+        print(f"{app.name}: {dist.size} rank(s) [{backend}], global batch {global_batch_size}, "
               f"{datasets.steps_per_epoch} steps/epoch, {datasets.train_samples} training and "
               f"{datasets.validation_samples} validation samples/epoch, {network.count_params():,} parameters, "
               f"{forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
@@ -400,6 +402,7 @@ def _summary(app, cfg, dist, history, network, forward_flops, global_batch_size,
         "app": app.name,
         "ranks": dist.size,
         "backend": dist.backend,
+        "controller": dist.controller,
         "global_batch_size": global_batch_size,
         "precision": cfg.train.precision,
         "cpu": cpu.describe(),

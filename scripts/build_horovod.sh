@@ -25,9 +25,13 @@ tf_version=$("$PYTHON" -c 'import tensorflow as tf; print(tf.__version__)' 2>/de
 }
 py_tag=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 
+# MPI (srun- and mpirun-launched ranks need it) whenever an MPI compiler is present; Gloo always.
 with_mpi=0
 if command -v mpicxx >/dev/null 2>&1 || command -v mpicc >/dev/null 2>&1; then
     with_mpi=1
+else
+    echo "build_horovod: no MPI compiler (mpicc) found: building with Gloo only (horovodrun --gloo works;" \
+         "srun/mpirun-launched ranks need the MPI build: install Open MPI, e.g. make setup as root with apt)"
 fi
 variant="gloo"
 [ "$with_mpi" = 1 ] && variant="${variant}-mpi"
@@ -36,13 +40,14 @@ variant="gloo"
 key="horovod-${HOROVOD_VERSION}-tf${tf_version}-${py_tag}-${variant}"
 wheel_dir="$CACHE_DIR/$key"
 
-if "$PYTHON" - "$HOROVOD_VERSION" <<'PYEOF' 2>/dev/null
+if "$PYTHON" - "$HOROVOD_VERSION" "$with_mpi" <<'PYEOF' 2>/dev/null
 import sys, importlib.metadata as md
 import horovod.tensorflow as hvd  # fails when built against another TF
-sys.exit(0 if md.version("horovod") == sys.argv[1] else 1)
+# The installed build must be this variant: an MPI build is not a Gloo-only build.
+sys.exit(0 if md.version("horovod") == sys.argv[1] and hvd.mpi_built() == (sys.argv[2] == "1") else 1)
 PYEOF
 then
-    echo "build_horovod: horovod $HOROVOD_VERSION already installed and importable"
+    echo "build_horovod: horovod $HOROVOD_VERSION ($variant) already installed and importable"
     exit 0
 fi
 

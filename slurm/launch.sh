@@ -33,11 +33,32 @@ PREEMPTED=75
 mkdir -p "$RUN_DIR"
 LOG=$RUN_DIR/train.restart-${SLURM_RESTART_COUNT:-0}.log
 
+# SLURM's warning signal may come at any time: before the trainer runs, remember it (and requeue
+# instead of starting); once it runs, forward it to the ranks, which checkpoint at the next step.
+TRAINER=
+EARLY_SIGNAL=
+# shellcheck disable=SC2317  # called from the traps below
+forward() {
+    if [ -z "$TRAINER" ]; then
+        echo "launch: $1 received before training started" >&2
+        EARLY_SIGNAL=$1
+        return
+    fi
+    echo "launch: $1 received; the ranks checkpoint at the next step and stop" >&2
+    kill -s USR1 "$TRAINER" 2>/dev/null || true
+}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+
 echo "launch: $MACHINE, $NODES node(s) x $RANKS_PER_NODE rank(s), $APP $CONFIG -> $RUN_DIR (log $LOG)"
 eval "$("$PYTHON" -m common.slurm env --app "$APP" --config "$CONFIG" "${OVERRIDES[@]}")"
 
 SRUN=(srun --nodes "$NODES" --ntasks "$NTASKS" --ntasks-per-node "$RANKS_PER_NODE"
       --cpus-per-task "$CPUS_PER_TASK" "${SRUN_BIND[@]}" --kill-on-bad-exit=1)
+# The site's MPI plugin (srun --mpi): pmix for Open MPI with PMIx; the site default when unset.
+if [ -n "${SRUN_MPI:-}" ]; then
+    SRUN+=(--mpi="$SRUN_MPI")
+fi
 
 if [ -n "${STAGE_DIR:-}" ]; then
     echo "launch: staging each rank's share of the training files to $STAGE_DIR"
@@ -45,17 +66,15 @@ if [ -n "${STAGE_DIR:-}" ]; then
         "${THREAD_OVERRIDES[@]}" "${OVERRIDES[@]}" >>"$LOG" 2>&1
 fi
 
+if [ -n "$EARLY_SIGNAL" ]; then
+    echo "launch: preempted ($EARLY_SIGNAL) before training; requeueing job $JOB"
+    scontrol requeue "$JOB"
+    exit 0
+fi
+
 "${SRUN[@]}" "$PYTHON" -m "$APP.train" --config "$CONFIG" --output-dir "$RUN_DIR" --resume \
     "${THREAD_OVERRIDES[@]}" "${OVERRIDES[@]}" >>"$LOG" 2>&1 &
 TRAINER=$!
-
-# shellcheck disable=SC2317  # called from the traps below
-forward() {
-    echo "launch: $1 received; the ranks checkpoint at the next step and stop" >&2
-    kill -s USR1 "$TRAINER" 2>/dev/null || true
-}
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
 
 # A trapped signal interrupts `wait`: keep waiting until srun itself has ended.
 while kill -0 "$TRAINER" 2>/dev/null; do

@@ -113,3 +113,62 @@ def tiny_cosmo_overrides(data_dir, epochs=2, batch_size=4) -> list[str]:
     for key, value in pairs.items():
         out += ["--set", f"{key}={value}"]
     return out
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free on this machine (slurmctld and slurmd)."""
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randint(20000, 40000)
+        try:
+            for candidate in (port, port + 1):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", candidate))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for the test SLURM cluster")
+
+
+def _live_processes_under(root: str) -> list[str]:
+    """Live (not zombie) processes whose command line mentions ``root``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/status") as handle:
+                zombie = "\nState:\tZ" in handle.read()
+        except OSError:
+            continue
+        if root in command and not zombie:
+            found.append(f"{entry}: {command.strip()}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A one-node SLURM cluster (scripts/local_slurm.sh) for the whole test run: the environment its
+    clients need.  Stopped at the end; no daemon or job process may be left behind."""
+    if os.geteuid() != 0 and not shutil.which("slurmctld"):
+        pytest.skip("the test SLURM cluster needs root (to install and run slurmctld as SlurmUser=root)")
+    root = str(tmp_path_factory.mktemp("slurm"))
+    env = {**os.environ, "LOCAL_SLURM_DIR": root, "LOCAL_SLURM_PORT": str(_free_port_pair()),
+           "LOCAL_SLURM_CPUS": "4"}
+    script = str(REPO / "scripts" / "local_slurm.sh")
+    up = subprocess.run(["bash", script, "up"], env=env, capture_output=True, text=True, timeout=600)
+    if up.returncode != 0:
+        subprocess.run(["bash", script, "down"], env=env, capture_output=True, timeout=120)
+        raise AssertionError(f"local_slurm.sh up failed:\n{up.stdout}\n{up.stderr}")
+    conf = next(line.split("=", 1)[1] for line in up.stdout.splitlines() if line.startswith("SLURM_CONF="))
+    try:
+        # Open MPI refuses to run as root unless told; the jobs inherit this environment from sbatch.
+        yield {"SLURM_CONF": conf, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    finally:
+        subprocess.run(["bash", script, "down"], env=env, capture_output=True, timeout=120)
+        left = _live_processes_under(root)
+        assert not left, "processes left behind by the test SLURM cluster:\n" + "\n".join(left)

@@ -1,4 +1,6 @@
-"""The SLURM scripts, run with stub srun/scontrol/sbatch on PATH and SLURM_* variables set."""
+"""The SLURM scripts with stub srun/scontrol/sbatch on PATH and SLURM_* variables set: what a one-node
+cluster cannot show (the arithmetic of ranks, CPUs and threads over several nodes, site defaults).
+The same scripts run for real under SLURM in tests/test_slurm_cluster.py."""
 
 import os
 import shutil

@@ -1,0 +1,177 @@
+"""The shipped slurm/*.sbatch scripts, run for real: sbatch on a one-node SLURM cluster that the tests
+start themselves (scripts/local_slurm.sh), ranks started by ``srun --mpi=pmix`` over Open MPI.
+
+Every job's final state is read with ``scontrol show job``, not only ``sbatch --wait``'s exit code.
+What one node cannot show (several nodes, real GPUs) is in tests/test_slurm.py with stub commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO, tiny_cosmo_overrides
+
+pytestmark = pytest.mark.slurm
+
+
+def submit(cluster, script, run_dir, *args, sbatch=(), env=None):
+    """``sbatch <sbatch options> script args``; the job id (:func:`finished` waits for it: sbatch --wait polls
+    only every few tens of seconds)."""
+    variables = {**cluster, "RUN_DIR": str(run_dir), "PYTHON": sys.executable, "HPC_DL_ROOT": str(REPO),
+                 **(env or {})}
+    command = ["sbatch", "--parsable", f"--output={run_dir}.out", *sbatch, script, *args]
+    result = subprocess.run(command, cwd=REPO, env={**os.environ, **variables}, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    return int(result.stdout.strip().splitlines()[0].split(";")[0])
+
+
+def read(path) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def job(cluster, job_id) -> dict:
+    """``scontrol show job`` as a dict."""
+    out = subprocess.run(["scontrol", "show", "job", str(job_id)], env={**os.environ, **cluster},
+                         capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def finished(cluster, job_id, timeout=600) -> dict:
+    done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    return wait_for(lambda: (info := job(cluster, job_id)).get("JobState") in done and info, timeout,
+                    f"job {job_id} to end")
+
+
+def knl(cluster, run_dir, data, *extra, sbatch=(), **overrides):
+    """slurm/knl.sbatch with 2 ranks on the one node (2 cores, 1 thread each)."""
+    env = {"RANKS_PER_NODE": "2", "CORES_PER_NODE": "2", "THREADS_PER_CORE": "1", "SRUN_MPI": "pmix"}
+    sets = tiny_cosmo_overrides(data, **overrides)
+    return submit(cluster, "slurm/knl.sbatch", run_dir, "cosmoflow", "configs/cosmoflow/demo.yaml", *sets, *extra,
+                  sbatch=("-N", "1", *sbatch), env=env)
+
+
+def test_knl_script_trains_on_two_mpi_ranks_with_staging(slurm_cluster, tiny_cosmo_data, tmp_path):
+    run, stage = tmp_path / "run", tmp_path / "stage"
+    job_id = knl(slurm_cluster, run, tiny_cosmo_data, "--set", f"data.stage_dir={stage}")
+    info = finished(slurm_cluster, job_id)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", info
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["backend"] == "horovod" and summary["controller"] == "mpi"
+    assert (run / "model.keras").is_file() and summary["epochs_completed"] == 2
+    # The staging step ran through srun, one share per rank, before training read the copies.
+    log = (run / "train.restart-0.log").read_text()
+    assert "staged the training files of 2 rank(s)" in log
+    staged = [sorted(p.name for p in (stage / f"rank-{r}").glob("*.tfrecord")) for r in (0, 1)]
+    assert len(staged[0]) == len(staged[1]) == 16 and not set(staged[0]) & set(staged[1])
+    assert "launch: trainer exited with 0" in read(f"{run}.out")
+
+
+def final_weights(run_dir):
+    import keras
+
+    import common.layers  # noqa: F401
+
+    return keras.models.load_model(run_dir / "model.keras").get_weights()
+
+
+def test_preemption_requeue_and_exact_resume(slurm_cluster, tiny_cosmo_data, tmp_path):
+    """(The scripts ask for USR1 300 s before the limit: the reference and the released job get 15 minutes.)
+
+    A 1-minute job warned with USR1 45 s before its end (SLURM delivers it 8-32 s after the start, in
+    start-up or in training) checkpoints at a step and is requeued; released (with more time) it resumes
+    and ends with the weights of an uninterrupted run, bitwise."""
+    settings = dict(epochs=120)
+    deterministic = ("--set", "train.deterministic=true")
+    reference = knl(slurm_cluster, tmp_path / "reference", tiny_cosmo_data, *deterministic, sbatch=("--time=15",),
+                    **settings)
+    run = tmp_path / "run"
+    preempted = knl(slurm_cluster, run, tiny_cosmo_data, *deterministic,
+                    sbatch=("--time=1", "--signal=B:USR1@45"), **settings)
+    # The trainer checkpoints and exits 75, the script requeues: the job waits (BeginTime) to run again.
+    requeued = wait_for(lambda: (info := job(slurm_cluster, preempted)).get("Restarts") == "1"
+                        and info.get("JobState") == "PENDING" and info, 150, "the requeued job to wait again")
+    assert "requeueing job" in read(f"{run}.out"), read(f"{run}.out")
+    subprocess.run(["scontrol", "update", f"JobId={preempted}", "StartTime=now", "TimeLimit=15"],
+                   env={**os.environ, **slurm_cluster}, check=True)
+    info = finished(slurm_cluster, preempted)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1" and info["ExitCode"] == "0:0", (requeued, info)
+    first = (run / "train.restart-0.log").read_text()
+    assert "preempted: stop requested (SIGUSR1); checkpoint saved at epoch" in first
+    second = (run / "train.restart-1.log").read_text()
+    assert "resuming from" in second and "ckpt-epoch-" in second
+    assert json.loads((run / "summary.json").read_text())["epochs_completed"] == 120
+    info = finished(slurm_cluster, reference)
+    assert info["JobState"] == "COMPLETED", info
+    for ours, theirs in zip(final_weights(run), final_weights(tmp_path / "reference")):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("script", ["slurm/gpu4.sbatch", "slurm/gpu6.sbatch"])
+def test_gpu_scripts_launch_on_a_cpu_partition(slurm_cluster, tiny_cosmo_data, tmp_path, script):
+    """The GPU scripts' launch lines, for real, with their GPU requests off (GPUS_PER_TASK=0, sbatch
+    --gpus-per-node=0)."""
+    run = tmp_path / "run"
+    job_id = submit(slurm_cluster, script, run, "cosmoflow", "configs/cosmoflow/demo.yaml",
+                    *tiny_cosmo_overrides(tiny_cosmo_data, epochs=1),
+                    sbatch=("-N", "1", "--gpus-per-node=0", "--ntasks-per-node=2"),
+                    env={"GPUS_PER_TASK": "0", "RANKS_PER_NODE": "2", "CPUS_PER_TASK": "1", "SRUN_MPI": "pmix"})
+    info = finished(slurm_cluster, job_id)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, read(f"{run}.out"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["controller"] == "mpi"
+
+
+def rank_pids(run_dir) -> list[int]:
+    """Live processes training into ``run_dir`` (its ranks)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+            with open(f"/proc/{entry}/status") as handle:
+                zombie = re.search(r"^State:\s*Z", handle.read(), re.M)
+        except OSError:
+            continue
+        ours = argv and os.path.basename(argv[0]).startswith(b"python") and b"cosmoflow.train" in argv
+        if not zombie and ours and str(run_dir).encode() in argv:   # a rank, not srun
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_killed_rank_ends_the_job_promptly(slurm_cluster, tiny_cosmo_data, tmp_path):
+    run = tmp_path / "run"
+    job_id = knl(slurm_cluster, run, tiny_cosmo_data, epochs=200, batch_size=1)
+    log = run / "train.restart-0.log"
+    wait_for(lambda: "epoch 2/200:" in read(log), 180, "training to start")
+    ranks = wait_for(lambda: len(pids := rank_pids(run)) == 2 and pids, 30, "two ranks")
+    killed = time.time()
+    os.kill(ranks[1], 9)
+    info = finished(slurm_cluster, job_id, timeout=120)
+    assert time.time() - killed < 60, "the job outlived its rank by a minute"
+    assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", info
+    wait_for(lambda: not rank_pids(run), 20, "every rank to be gone")
