@@ -132,21 +132,21 @@ def _free_port_pair() -> int:
     raise RuntimeError("no free port pair for the test SLURM cluster")
 
 
-def _live_processes_under(root: str) -> list[str]:
-    """Live (not zombie) processes whose command line mentions ``root``."""
+def live_processes() -> list[tuple[int, list[bytes]]]:
+    """(pid, argv) of every live process (zombies, which PID 1 here reaps late, left out)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+                argv = handle.read().split(b"\0")
             with open(f"/proc/{entry}/status") as handle:
                 zombie = "\nState:\tZ" in handle.read()
         except OSError:
             continue
-        if root in command and not zombie:
-            found.append(f"{entry}: {command.strip()}")
+        if argv and not zombie:
+            found.append((int(entry), argv))
     return found
 
 
@@ -170,5 +170,6 @@ def slurm_cluster(tmp_path_factory):
         yield {"SLURM_CONF": conf, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     finally:
         subprocess.run(["bash", script, "down"], env=env, capture_output=True, timeout=120)
-        left = _live_processes_under(root)
+        left = [b" ".join(argv).decode(errors="replace") for _, argv in live_processes()
+                if any(root.encode() in arg for arg in argv) or argv[0].startswith(b"slurmstepd")]
         assert not left, "processes left behind by the test SLURM cluster:\n" + "\n".join(left)

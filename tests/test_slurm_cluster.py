@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, tiny_cosmo_overrides
+from conftest import REPO, live_processes, tiny_cosmo_overrides
 
 pytestmark = pytest.mark.slurm
 
@@ -145,22 +145,9 @@ def test_gpu_scripts_launch_on_a_cpu_partition(slurm_cluster, tiny_cosmo_data, t
 
 
 def rank_pids(run_dir) -> list[int]:
-    """Live processes training into ``run_dir`` (its ranks)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                argv = handle.read().split(b"\0")
-            with open(f"/proc/{entry}/status") as handle:
-                zombie = re.search(r"^State:\s*Z", handle.read(), re.M)
-        except OSError:
-            continue
-        ours = argv and os.path.basename(argv[0]).startswith(b"python") and b"cosmoflow.train" in argv
-        if not zombie and ours and str(run_dir).encode() in argv:   # a rank, not srun
-            pids.append(int(entry))
-    return pids
+    """Live processes training into ``run_dir``: its ranks (not the srun that started them)."""
+    return [pid for pid, argv in live_processes() if os.path.basename(argv[0]).startswith(b"python")
+            and b"cosmoflow.train" in argv and str(run_dir).encode() in argv]
 
 
 def test_a_killed_rank_ends_the_job_promptly(slurm_cluster, tiny_cosmo_data, tmp_path):
