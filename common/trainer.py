@@ -297,8 +297,8 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
                                              app.mlperf.target(cfg), app.mlperf.higher_is_better)
             callbacks.append(mlperf_callback)
         callbacks.append(EpochReport(cfg.train.epochs))
-        backend = f"{dist.backend}/{dist.controller}" if dist.controller else dist.backend
-        print(f"{app.name}: {dist.size} rank(s) [{backend}], global batch {global_batch_size}, "
+        over = f" over {dist.controller}" if dist.controller else ""
+        print(f"{app.name}: {dist.size} rank(s) [{dist.backend}]{over}, global batch {global_batch_size}, "
               f"{datasets.steps_per_epoch} steps/epoch, {datasets.train_samples} training and "
               f"{datasets.validation_samples} validation samples/epoch, {network.count_params():,} parameters, "
               f"{forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
