@@ -86,7 +86,7 @@ def screened_split(data, split: str, inspect, what: str, dist: Distributed | Non
     appended to ``problems`` (or raised, with ``data.on_bad_file: fail``)."""
     directory = pathlib.Path(data.data_dir) / split
     files = list_files(directory, ("*.h5",), f"{what} {split}")
-    good, info, bad = screen_files(files, inspect, dist or Distributed(None), data.on_bad_file, str(directory))
+    good, info, bad = screen_files(files, inspect, dist or Distributed(), data.on_bad_file, str(directory))
     if problems is not None:
         problems.extend(bad)
     return good, info
@@ -301,7 +301,7 @@ def evaluation_dataset(cfg: ClimateConfig, split: str = "test") -> tuple[tf.data
     """Every sample of a split in name order, batched: (fields, labels); and the file names."""
     files = split_files(cfg, split)
     stats = load_stats(stats_path(cfg))
-    samples = _samples(cfg, files, stats, Distributed(None), cfg.train.seed, training=False)
+    samples = _samples(cfg, files, stats, Distributed(), cfg.train.seed, training=False)
     shape = cfg.data.input_shape
     samples = samples.map(lambda x, y: (tf.ensure_shape(x, shape), tf.ensure_shape(y, shape[:2])))
     return samples.batch(cfg.data.batch_size).prefetch(AUTOTUNE), [f.path for f in files]

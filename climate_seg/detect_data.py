@@ -300,7 +300,7 @@ def evaluation_samples(cfg: DetectConfig, split: str = "test"):
     if not samples:
         raise DataError(f"{cfg.data.data_dir}/{split}: no labeled samples to evaluate")
     stats = load_stats(stats_path(cfg))
-    dataset = _dataset(cfg, samples, stats, Distributed(None), cfg.train.seed, False)
+    dataset = _dataset(cfg, samples, stats, Distributed(), cfg.train.seed, False)
     return dataset.batch(cfg.data.batch_size).prefetch(AUTOTUNE), samples
 
 

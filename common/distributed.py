@@ -51,35 +51,21 @@ def _local_size_hint() -> int:
 
 
 class Distributed:
-    """Rank bookkeeping and collectives, over Horovod or a single process."""
+    """One process: rank 0 of 1.  Every collective is the identity.
 
-    def __init__(self, hvd=None, groups: int = 1, process_sets=None):
-        self._hvd = hvd
-        if hvd is None:
-            self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
-        else:
-            self.rank, self.size = hvd.rank(), hvd.size()
-            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+    The API every other module uses; :class:`HorovodDistributed` is the same over
+    Horovod ranks.  (Tests stand in for one rank of many by setting ``rank`` and
+    ``size`` on an instance: the collectives stay identities.)
+    """
+
+    backend = "single"
+    controller: str | None = None   # how Horovod's ranks found each other: mpi or gloo
+
+    def __init__(self):
+        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         # Hybrid mode (SC17): synchronous groups of contiguous ranks, asynchronous across groups.
-        self.groups = groups
-        self.group_size = self.size // groups
-        self.group_index = self.rank // self.group_size
-        self.group_root = self.group_index * self.group_size
-        self.is_group_leader = self.rank == self.group_root
-        self._group_set, self._leaders_set = process_sets if process_sets else (None, None)
-        self._exchanger = None
-
-    # -- facts ---------------------------------------------------------------
-    @property
-    def backend(self) -> str:
-        return "horovod" if self._hvd is not None else "single"
-
-    @property
-    def controller(self) -> str | None:
-        """How Horovod's ranks found each other: ``mpi`` (srun, mpirun, horovodrun --mpi) or ``gloo``."""
-        if self._hvd is None:
-            return None
-        return "mpi" if self._hvd.mpi_enabled() else "gloo"
+        self.groups, self.group_size, self.group_index, self.group_root = 1, 1, 0, 0
+        self.is_group_leader = True
 
     @property
     def is_root(self) -> bool:
@@ -90,16 +76,68 @@ class Distributed:
         return max(1, self.size // max(1, self.local_size))
 
     def __repr__(self):
-        return f"Distributed(backend={self.backend}, rank={self.rank}, size={self.size}, local_rank={self.local_rank})"
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size}, local_rank={self.local_rank})"
 
-    # -- collectives inside tf.function ---------------------------------------
+    # -- collectives (identities here) -------------------------------------------------------
     def allreduce_gradients(self, gradients, compression: str = "none"):
-        """Average gradients over ranks (one grouped allreduce).
+        """Average gradients over ranks (one grouped allreduce; ``compression="fp16"`` halves the bytes)."""
+        return list(gradients)
 
-        ``compression="fp16"`` halves the bytes on the wire for float32
-        gradients; the result is cast back to each gradient's dtype.
-        """
-        if self._hvd is None or self.size == 1 or self.group_size == 1:
+    def allreduce(self, value, average: bool = True, name: str | None = None, group_only: bool = False):
+        """Sum or average a tensor over ranks (eager or in a tf.function); ``group_only``: over this rank's
+        synchronous group."""
+        return tf.convert_to_tensor(value)
+
+    def start_leader_average(self, arrays: list[np.ndarray], name: str):
+        raise RuntimeError("cross-group exchanges need Horovod ranks in several groups")
+
+    def broadcast_in_group(self, variables) -> None:
+        """Copy variables from this group's leader to the rest of the group."""
+
+    def average_scalars(self, values: dict[str, float]) -> dict[str, float]:
+        """Average a dict of Python numbers over ranks (same keys on every rank)."""
+        return dict(values)
+
+    def sum_array(self, array: np.ndarray) -> np.ndarray:
+        """Element-wise sum of a numpy array over ranks."""
+        return np.asarray(array)
+
+    def broadcast_object(self, obj, root_rank: int = 0):
+        """Send a picklable Python object from ``root_rank`` to every rank."""
+        return obj
+
+    def allgather_object(self, obj) -> list:
+        """A picklable Python object from every rank, as a list indexed by rank."""
+        return [obj]
+
+    def broadcast_variables(self, variables, root_rank: int = 0) -> None:
+        """Copy the values of Keras (or tf) variables from ``root_rank`` to all (not the dropout seed state)."""
+
+    def barrier(self) -> None:
+        """Return when every rank has got here."""
+
+
+class HorovodDistributed(Distributed):
+    """Horovod ranks (horovodrun, mpirun, srun)."""
+
+    backend = "horovod"
+
+    def __init__(self, hvd, groups: int = 1, process_sets=None):
+        super().__init__()
+        self._hvd = hvd
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self.controller = "mpi" if hvd.mpi_enabled() else "gloo"
+        self.groups = groups
+        self.group_size = self.size // groups
+        self.group_index = self.rank // self.group_size
+        self.group_root = self.group_index * self.group_size
+        self.is_group_leader = self.rank == self.group_root
+        self._group_set, self._leaders_set = process_sets if process_sets else (None, None)
+        self._exchanger = None
+
+    def allreduce_gradients(self, gradients, compression: str = "none"):
+        if self.group_size == 1:
             return list(gradients)
         hvd = self._hvd
         dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
@@ -116,9 +154,7 @@ class Distributed:
         return {"process_set": self._group_set} if self._group_set is not None else {}
 
     def allreduce(self, value, average: bool = True, name: str | None = None, group_only: bool = False):
-        """Sum or average a tensor over ranks (eager or in a tf.function); ``group_only``:
-        over this rank's synchronous group (all ranks when there is one group)."""
-        if self._hvd is None or self.size == 1 or (group_only and self.group_size == 1):
+        if group_only and self.group_size == 1:
             return tf.convert_to_tensor(value)
         op = self._hvd.Average if average else self._hvd.Sum
         scope = self._within_group() if group_only else {}
@@ -144,59 +180,36 @@ class Distributed:
         return self._exchanger.submit(exchange)
 
     def broadcast_in_group(self, variables) -> None:
-        """Copy variables from this group's leader to the rest of the group."""
-        if self._hvd is None or self.group_size == 1:
+        if self.group_size == 1:
             return
         self._hvd.broadcast_variables([getattr(v, "value", v) for v in variables], root_rank=self.group_root,
                                       process_set=self._group_set)
 
-    # -- eager helpers ----------------------------------------------------------
     def average_scalars(self, values: dict[str, float]) -> dict[str, float]:
-        """Average a dict of Python numbers over ranks (same keys on every rank)."""
-        if self._hvd is None or self.size == 1 or not values:
-            return dict(values)
+        if not values:
+            return {}
         keys = sorted(values)
         vector = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
         averaged = self._hvd.allreduce(vector, op=self._hvd.Average, name="average_scalars").numpy()
         return {k: float(v) for k, v in zip(keys, averaged)}
 
     def sum_array(self, array: np.ndarray) -> np.ndarray:
-        """Element-wise sum of a numpy array over ranks."""
-        if self._hvd is None or self.size == 1:
-            return np.asarray(array)
         return self._hvd.allreduce(tf.convert_to_tensor(array), op=self._hvd.Sum, name="sum_array").numpy()
 
     def broadcast_object(self, obj, root_rank: int = 0):
-        """Send a picklable Python object from ``root_rank`` to every rank."""
-        if self._hvd is None or self.size == 1:
-            return obj
         return self._hvd.broadcast_object(obj, root_rank=root_rank)
 
     def allgather_object(self, obj) -> list:
-        """A picklable Python object from every rank, as a list indexed by rank."""
-        if self._hvd is None or self.size == 1:
-            return [obj]
         return self._hvd.allgather_object(obj)
 
     def broadcast_variables(self, variables, root_rank: int = 0) -> None:
-        """Copy the values of Keras (or tf) variables from ``root_rank`` to all.
-
-        Seed-generator state is skipped so that dropout differs across ranks.
-        """
-        if self._hvd is None or self.size == 1:
-            return
-        raw = []
-        for v in variables:
-            if SEED_STATE_MARKER in getattr(v, "path", v.name):
-                continue
-            raw.append(getattr(v, "value", v))
+        raw = [getattr(v, "value", v) for v in variables if SEED_STATE_MARKER not in getattr(v, "path", v.name)]
         if raw:
             self._hvd.broadcast_variables(raw, root_rank=root_rank)
 
     def barrier(self) -> None:
-        if self._hvd is not None and self.size > 1:
-            # horovod.tensorflow has no barrier op; a tiny allreduce is one.
-            self._hvd.allreduce(tf.constant(0.0), op=self._hvd.Sum, name="barrier")
+        # horovod.tensorflow has no barrier op; a tiny allreduce is one.
+        self._hvd.allreduce(tf.constant(0.0), op=self._hvd.Sum, name="barrier")
 
 
 _CURRENT: Distributed | None = None
@@ -250,7 +263,7 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
 
     local_size = hvd.local_size() if hvd is not None else _local_size_hint() if launched > 1 else 1
     _configure_threads(intra_op_threads, inter_op_threads, local_size)
-    dist = Distributed(hvd, groups=groups if hvd is not None else 1, process_sets=process_sets)
+    dist = HorovodDistributed(hvd, groups=groups, process_sets=process_sets) if hvd is not None else Distributed()
     if pin_gpu:
         _pin_gpu(dist.local_rank)
     _CURRENT = dist

@@ -449,15 +449,15 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
 
 def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple[tf.data.Dataset, int]:
     """Every sample of a split, in file order, in batches (the last one may be short)."""
-    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed(None))
-    records = _records(cfg, files, index, Distributed(None), cfg.train.seed, False, layout)
+    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed())
+    records = _records(cfg, files, index, Distributed(), cfg.train.seed, False, layout)
     dataset = records.batch(cfg.data.batch_size).map(_inputs_and_targets(cfg, layout), num_parallel_calls=AUTOTUNE)
     return dataset.prefetch(AUTOTUNE), used
 
 
 def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
     """All normalised targets of a split (for baselines), selected as configured."""
-    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed(None))
+    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed())
     if layout.kind in ("raw_hdf5", "split_hdf5"):
         key = "unitPar" if layout.kind == "raw_hdf5" else "y"
         per_file = {}

@@ -88,7 +88,7 @@ def split_chunks(cfg: HepConfig, split: str, dist: Distributed | None = None,
                  problems: list[str] | None = None) -> list[Chunk]:
     """The chunks of events (file, start, stop) that make up one split (bad files appended to ``problems``)."""
     data = cfg.data
-    dist = dist or Distributed(None)
+    dist = dist or Distributed()
     files = list_files(data.data_dir, ("*.h5", "*.hdf5"), "HEP event")
     if data.split == "by_name":
         files = [f for f in files if any(tag in pathlib.Path(f).name for tag in SPLIT_NAMES[split])]
@@ -287,7 +287,7 @@ def evaluation_events(cfg: HepConfig, split: str = "test"):
     maxima = load_maxima(cfg)
     raw = cfg.model_copy(deep=True)
     raw.data.weight_normalisation = "none"
-    events = _events(raw, chunks, maxima, Distributed(None), cfg.train.seed, training=False)
+    events = _events(raw, chunks, maxima, Distributed(), cfg.train.seed, training=False)
     return events.batch(cfg.data.batch_size).prefetch(AUTOTUNE)
 
 

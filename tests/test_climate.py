@@ -369,7 +369,7 @@ def test_crops_and_rank_shards(tiny_climate):
     cfg = tiny_cfg(tiny_climate, crop=[32, 48], augment=True, batch_size=1)
 
     def rank_of_two(rank):
-        stand_in = Distributed(None)
+        stand_in = Distributed()
         stand_in.rank, stand_in.size = rank, 2
         return stand_in
 

@@ -43,7 +43,7 @@ def test_tfrecord_values_and_counts(tmp_path, gzip, per_file):
     write_tfrecords(tmp_path / "train", train, per_file, gzip)
     write_tfrecords(tmp_path / "validation", valid, per_file, gzip)
     cfg = config(tmp_path, compression="gzip" if gzip else "none", samples_per_file=per_file)
-    datasets = build_datasets(cfg, Distributed(None))
+    datasets = build_datasets(cfg, Distributed())
     assert (datasets.steps_per_epoch, datasets.validation_steps) == (6, 4)
     assert datasets.train_samples == 12
 
@@ -80,7 +80,7 @@ def test_hdf5_volumes_are_cut_into_crops(tmp_path):
                 f["full"] = rng.integers(0, 30, (16, 16, 8, 4)).astype(np.int16)
                 f["unitPar"] = np.full(4, i / 10, np.float32)
     cfg = config(tmp_path, format="hdf5")
-    datasets = build_datasets(cfg, Distributed(None))
+    datasets = build_datasets(cfg, Distributed())
     assert datasets.train_samples == 2 * 4 and datasets.validation_samples == 4
     dataset, count = evaluation_dataset(cfg)
     crops = np.concatenate([x.numpy() for x, _ in dataset])
@@ -97,7 +97,7 @@ def test_two_rank_shards_are_disjoint_and_agree_on_order(tmp_path):
 
     class Rank(Distributed):
         def __init__(self, rank):
-            super().__init__(None)
+            super().__init__()
             self.rank, self.size = rank, 2
 
     firsts = []
@@ -132,7 +132,7 @@ def test_bad_input_is_a_clear_error(tmp_path, case, pattern):
             f["data"] = np.zeros((8, 8, 8, 4))
         overrides = {"format": "hdf5"}
     with pytest.raises(DataError, match=pattern):
-        build_datasets(config(tmp_path, **overrides), Distributed(None))
+        build_datasets(config(tmp_path, **overrides), Distributed())
 
 
 def test_staging_copies_this_ranks_share(tmp_path):
@@ -143,7 +143,7 @@ def test_staging_copies_this_ranks_share(tmp_path):
 
     class Rank1(Distributed):
         def __init__(self):
-            super().__init__(None)
+            super().__init__()
             self.rank, self.size = 1, 2
 
     datasets = build_datasets(cfg, Rank1())
@@ -180,7 +180,7 @@ def test_batch_of_one_equals_batches(tmp_path):
     samples = make_samples(4, 3)
     write_tfrecords(tmp_path / "train", samples)
     write_tfrecords(tmp_path / "validation", samples)
-    ones = build_datasets(config(tmp_path, batch_size=1), Distributed(None))
+    ones = build_datasets(config(tmp_path, batch_size=1), Distributed())
     x, y = next(iter(ones.validation))
     assert x.shape == (1, *SHAPE) and y.shape == (1, 4)
     np.testing.assert_allclose(x.numpy()[0], np.log1p(samples[0][0].astype(np.float32)), rtol=1e-6)
@@ -191,7 +191,7 @@ def test_batched_normalisation_divides_each_sample_by_its_own_mean(tmp_path):
     samples = make_samples(4, 4)
     write_tfrecords(tmp_path / "train", samples)
     write_tfrecords(tmp_path / "validation", samples)
-    datasets = build_datasets(config(tmp_path, apply_log=False), Distributed(None))
+    datasets = build_datasets(config(tmp_path, apply_log=False), Distributed())
     x, _ = next(iter(datasets.validation))
     for i in range(2):
         volume = samples[i][0].astype(np.float64)
@@ -220,7 +220,7 @@ def test_bad_values_are_named_by_file_as_they_are_read(tmp_path, case, file_form
     write(tmp_path / "train", samples)
     write(tmp_path / "validation", make_samples(2, 13))
     victim = tmp_path / "train" / ("part_0002.tfrecord" if file_format == "tfrecord" else "univ_2.h5")
-    datasets = build_datasets(config(tmp_path, format=file_format), Distributed(None))
+    datasets = build_datasets(config(tmp_path, format=file_format), Distributed())
     with pytest.raises(tf.errors.OpError) as raised:
         for _ in datasets.train_epoch(0):
             pass

@@ -86,7 +86,7 @@ def test_climate_samples_and_statistics_as_published(tmp_path, layout, normaliza
     np.testing.assert_allclose(x.numpy(), expected, rtol=2e-5, atol=2e-5)   # channels last in either layout
     np.testing.assert_array_equal(y.numpy(), labels[4:6])
     cfg.loss.class_weights = "none"
-    datasets = build_datasets(cfg, Distributed(None))
+    datasets = build_datasets(cfg, Distributed())
     assert datasets.steps_per_epoch == 2 and datasets.validation_steps == 1
 
 

@@ -99,7 +99,7 @@ def test_readers_scale_by_training_maxima(layout_data):
     # Training batches carry weights normalised by the maximum when the loss is weighted.
     cfg_weighted = config(directory, layout=layout, weight_normalisation="max")
     cfg_weighted.loss.weighted = True
-    datasets = build_datasets(cfg_weighted, Distributed(None))
+    datasets = build_datasets(cfg_weighted, Distributed())
     assert datasets.steps_per_epoch == 6 and datasets.validation_steps == 3
     x, y, w = next(iter(datasets.validation))
     np.testing.assert_allclose(w.numpy(), events["val"][2][:4] / maxima["weight_max"], rtol=1e-6)
@@ -112,7 +112,7 @@ def test_one_channel_log1p_weights_and_sigmoid_targets(layout_data):
     cfg.loss.weighted = True
     cfg.model.output = "sigmoid"
     write_maxima(cfg)
-    x, y, w = next(iter(build_datasets(cfg, Distributed(None)).validation))
+    x, y, w = next(iter(build_datasets(cfg, Distributed()).validation))
     assert x.shape == (4, SIZE, SIZE, 1) and y.shape == (4, 1) and y.dtype == tf.float32
     np.testing.assert_allclose(w.numpy(), np.log1p(events["val"][2][:4]), rtol=1e-6)
 
@@ -181,7 +181,7 @@ def test_bad_input(tmp_path, case, pattern):
         if case == "missing_split":
             split_chunks(cfg, "test")
         else:
-            build_datasets(cfg, Distributed(None))
+            build_datasets(cfg, Distributed())
 
 
 # -- metrics against scikit-learn -------------------------------------------------------
