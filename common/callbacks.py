@@ -1,5 +1,5 @@
-"""Callbacks of the one training loop: rank-averaged metrics, throughput,
-learning rate, checkpoints and the per-epoch report."""
+"""Callbacks of the one training loop: the epoch-end synchronisation over
+ranks, throughput, learning rate, checkpoints and the per-epoch report."""
 
 from __future__ import annotations
 
@@ -15,22 +15,10 @@ from common.flops import TRAINING_FLOPS_FACTOR
 from common.metrics import ConfusionMatrix, iou_from_confusion
 
 
-class AverageMetricsOverRanks(keras.callbacks.Callback):
-    """Replace every numeric epoch log by its mean over ranks, before anyone logs it.
-
-    Must come after the callbacks that add per-rank numbers and before those
-    that write them (CSV, TensorBoard, checkpoints, MLPerf).
-    """
-
-    def __init__(self, dist: Distributed):
-        super().__init__()
-        self.dist = dist
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None or self.dist.size == 1:
-            return
-        numeric = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating, np.integer))}
-        logs.update(self.dist.average_scalars(numeric))
+def last_step(callback: keras.callbacks.Callback, batch: int) -> bool:
+    """Whether ``batch`` is the last training step of the epoch ``fit`` is running."""
+    steps = (callback.params or {}).get("steps")
+    return steps is not None and batch == steps - 1
 
 
 def confusion_metrics(model) -> list[ConfusionMatrix]:
@@ -44,15 +32,20 @@ def confusion_metrics(model) -> list[ConfusionMatrix]:
     return found
 
 
-class PoolConfusionOverRanks(keras.callbacks.Callback):
-    """IoU from confusion matrices summed over all ranks (training and validation).
+class EpochEndSync(keras.callbacks.Callback):
+    """Every rank agrees on the model and on the numbers of an epoch, in this order:
 
-    The training matrix is read after the epoch's last step, the validation
-    matrix at the end of the epoch (validation has just filled it).  Writes
-    ``<metric>`` (mean IoU), ``iou_<class>`` and ``pixel_accuracy``, with
-    ``val_`` in front for validation, into the epoch logs; all ranks then hold
-    the same numbers, so the rank averaging that follows changes nothing.
-    Must come before :class:`AverageMetricsOverRanks`.
+    1. after the epoch's last training step: batch-norm moving statistics (float
+       non-trainable variables) averaged over ranks, so every rank validates and
+       rank 0 saves the same model; the training confusion matrices summed over
+       ranks (read before validation refills them);
+    2. at the end of the epoch: IoU, per-class IoU and pixel accuracy from the
+       pooled confusion matrices (training, and validation just run) written into
+       the logs (averaging the ranks' own IoUs would be wrong), then every numeric
+       log averaged over ranks.
+
+    The trainer puts it after the callbacks that measure and before the ones
+    that write (checkpoint, CSV, TensorBoard, MLPerf, the epoch report).
     """
 
     def __init__(self, dist: Distributed):
@@ -60,20 +53,15 @@ class PoolConfusionOverRanks(keras.callbacks.Callback):
         self.dist = dist
         self._train: dict[str, dict] = {}
 
-    def _pooled(self, metric: ConfusionMatrix) -> dict:
-        return iou_from_confusion(self.dist.sum_array(np.asarray(metric.confusion, np.float64)))
-
-    @staticmethod
-    def _write(logs: dict, prefix: str, metric: ConfusionMatrix, pooled: dict) -> None:
-        logs[f"{prefix}{metric.name}"] = pooled["mean_iou"]
-        logs[f"{prefix}pixel_accuracy"] = pooled["pixel_accuracy"]
-        for name, value in zip(metric.class_names, pooled["iou"]):
-            logs[f"{prefix}iou_{name}"] = float(value)
-
     def on_train_batch_end(self, batch, logs=None):
-        steps = (self.params or {}).get("steps")
-        if steps is not None and batch == steps - 1:
-            self._train = {m.name: self._pooled(m) for m in confusion_metrics(self.model)}
+        if not last_step(self, batch):
+            return
+        for variable in self.model.non_trainable_weights:
+            if SEED_STATE_MARKER in variable.path or not str(variable.dtype).startswith(("float", "bfloat")):
+                continue
+            variable.assign(self.dist.allreduce(variable.value, average=True,
+                                                name=f"average_{variable.path.replace('/', '_')}"))
+        self._train = {m.name: self._pooled(m) for m in confusion_metrics(self.model)}
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
@@ -85,30 +73,18 @@ class PoolConfusionOverRanks(keras.callbacks.Callback):
         if "val_loss" in logs:
             for metric in metrics:
                 self._write(logs, "val_", metric, self._pooled(metric))
+        numeric = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating, np.integer))}
+        logs.update(self.dist.average_scalars(numeric))
 
+    def _pooled(self, metric: ConfusionMatrix) -> dict:
+        return iou_from_confusion(self.dist.sum_array(np.asarray(metric.confusion, np.float64)))
 
-class AverageNonTrainableOverRanks(keras.callbacks.Callback):
-    """Average float non-trainable variables (batch-norm moving statistics) over
-    ranks after the last training step of each epoch.
-
-    Each rank updates its moving statistics from its own batches; averaging
-    them before validation and checkpointing makes every rank validate, and
-    rank 0 save, the same model.
-    """
-
-    def __init__(self, dist: Distributed):
-        super().__init__()
-        self.dist = dist
-
-    def on_train_batch_end(self, batch, logs=None):
-        steps = (self.params or {}).get("steps")
-        if self.dist.size == 1 or steps is None or batch != steps - 1:
-            return
-        for variable in self.model.non_trainable_weights:
-            if SEED_STATE_MARKER in variable.path or not str(variable.dtype).startswith(("float", "bfloat")):
-                continue
-            variable.assign(self.dist.allreduce(variable.value, average=True,
-                                                name=f"average_{variable.path.replace('/', '_')}"))
+    @staticmethod
+    def _write(logs: dict, prefix: str, metric: ConfusionMatrix, pooled: dict) -> None:
+        logs[f"{prefix}{metric.name}"] = pooled["mean_iou"]
+        logs[f"{prefix}pixel_accuracy"] = pooled["pixel_accuracy"]
+        for name, value in zip(metric.class_names, pooled["iou"]):
+            logs[f"{prefix}iou_{name}"] = float(value)
 
 
 class Throughput(keras.callbacks.Callback):
@@ -172,8 +148,7 @@ class LearningRateLog(keras.callbacks.Callback):
     """
 
     def on_train_batch_begin(self, batch, logs=None):
-        steps = (self.params or {}).get("steps")
-        if steps is None or batch == steps - 1:
+        if last_step(self, batch) or (self.params or {}).get("steps") is None:
             self._last_step_learning_rate = float(np.asarray(self.model.optimizer.learning_rate))
 
     def on_epoch_end(self, epoch, logs=None):

@@ -25,6 +25,7 @@ import time
 import keras
 import tensorflow as tf
 
+from common.callbacks import last_step
 from common.errors import EXIT_HUNG, NonFiniteLoss, Preempted
 from common.preemption import StopRequest
 
@@ -129,8 +130,7 @@ class StepGuard(keras.callbacks.Callback):
         else:
             self.nonfinite_in_a_row = 0
         if float(self.signals.global_stop.numpy()) > 0:
-            steps = self.params.get("steps")
-            if steps is not None and batch == steps - 1:
+            if last_step(self, batch):
                 step_in_epoch = 0   # the epoch is complete: its epoch-end checkpoint follows
                 self._pending = True
                 return

@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from common import checkpoint, cpu, outputs, precision
-from common.callbacks import (AverageMetricsOverRanks, AverageNonTrainableOverRanks, EpochReport, LearningRateLog,
-                              PoolConfusionOverRanks, SaveCheckpoint, Throughput, rng_variables, state_variables)
+from common.callbacks import (EpochEndSync, EpochReport, LearningRateLog, SaveCheckpoint, Throughput, rng_variables,
+                              state_variables)
 from common.config import AppConfig, save_config
 from common.data import Datasets, data_error_from_pipeline
 from common.distributed import Distributed
@@ -280,11 +280,12 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     watchdog = Watchdog(cfg.train.hang_timeout_s, dist.rank) if cfg.train.hang_timeout_s > 0 else None
     throughput = Throughput(global_batch_size, forward_flops, peak_flops_total, cfg.train.throughput_warmup_steps)
     saver = SaveCheckpoint(checkpoint_dir, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog)
+    # Keras calls callbacks in list order: what measures, then the one synchronisation over ranks, then
+    # what writes (every rank takes part in the checkpoint; the rest are rank 0's).
     callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog()]
     if dist.groups > 1:
         callbacks.append(GroupExchange(dist, model.step_signals, cfg.distributed.exchange_every))
-    callbacks += [AverageNonTrainableOverRanks(dist), PoolConfusionOverRanks(dist), AverageMetricsOverRanks(dist),
-                  saver]
+    callbacks += [EpochEndSync(dist), saver]
     csv_logger = mlperf_callback = None
     if dist.is_root:
         csv_logger = keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=resume)

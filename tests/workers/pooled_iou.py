@@ -4,7 +4,7 @@
 
 Each rank evaluates an identity "model" on its own, differently sized, labels
 and predictions (so per-rank IoUs differ), then runs the trainer's
-PoolConfusionOverRanks at epoch end.  Rank 0 gathers every rank's data and
+EpochEndSync at epoch end.  Rank 0 gathers every rank's data and
 logs into OUT.json for the test to check against scikit-learn.
 """
 
@@ -16,7 +16,7 @@ import keras
 import numpy as np
 
 from common import distributed
-from common.callbacks import PoolConfusionOverRanks
+from common.callbacks import EpochEndSync
 from common.metrics import ConfusionMatrix
 
 dist = distributed.init()
@@ -32,7 +32,7 @@ model.compile(loss="sparse_categorical_crossentropy", metrics=[ConfusionMatrix(3
 logs = model.evaluate(np.eye(3, dtype=np.float32)[predicted], truth, batch_size=2, verbose=0, return_dict=True)
 local = float(logs["mean_iou"])
 epoch_logs = {"val_loss": logs["loss"]}
-callback = PoolConfusionOverRanks(dist)
+callback = EpochEndSync(dist)
 callback.set_model(model)
 callback.on_epoch_end(0, epoch_logs)
 gathered = dist.allgather_object({"truth": truth.tolist(), "pred": predicted.tolist(), "logs": epoch_logs,
