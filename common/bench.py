@@ -104,36 +104,25 @@ def profile_table(profile: dict) -> str:
 def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | None = None) -> dict:
     import tensorflow as tf
 
-    from common import cpu, precision
+    from common import cpu
+    from common.callbacks import state_variables
     from common.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
-    from common.optimizers import build_optimizer
-    from common.trainer import TrainingModel
+    from common.trainer import prepare_data, prepare_run
 
-    cfg.train.precision = dist.broadcast_object(precision.resolve(cfg.train.precision))
+    # The trainer's own set-up: the same precision decision, data, network, schedule and optimizer.
+    datasets = prepare_data(application, cfg, dist)
     total = lambda value: float(dist.sum_array([value])[0])  # noqa: E731
     peak_fp32 = total(measure_matmul_flops("float32"))
     peak_bf16 = total(measure_matmul_flops("bfloat16")) if device_has_bf16() else None
     peak_used = {"fp32": peak_fp32, "mixed_bfloat16": peak_bf16}.get(cfg.train.precision)
     if cfg.train.precision == "mixed_float16":
         peak_used = total(measure_matmul_flops("float16"))
-
-    precision.check_device_support(cfg.train.precision)
-    precision.set_precision(cfg.train.precision)
-    if application.prepare_data is not None and dist.is_root:
-        application.prepare_data(cfg)
-    dist.barrier()
-    datasets = application.build_datasets(cfg, dist)
-    network = application.build_model(cfg)
-    flops = forward_flops_per_sample(network)
+    prepared = prepare_run(application, cfg, dist, datasets)
+    network, model = prepared.network, prepared.model
+    flops = prepared.forward_flops
     flops_inside = forward_flops_per_sample(network, inside_only=True)
-    model = TrainingModel(network, dist, gradient_compression=cfg.distributed.gradient_compression)
-    optimizer = build_optimizer(cfg.optimizer, cfg.optimizer.learning_rate,
-                                loss_scaling=precision.needs_loss_scaling(cfg.train.precision))
-    model.compile(optimizer=optimizer, loss=application.loss(cfg), metrics=application.metrics(cfg),
-                  jit_compile=False)
-    optimizer.build(model.trainable_variables)
-    dist.broadcast_variables(model.weights + optimizer.variables)
-    global_batch = cfg.data.batch_size * dist.size
+    dist.broadcast_variables(state_variables(model) + prepared.optimizer.variables)
+    global_batch = prepared.global_batch_size
     epochs = 1 + (warmup + steps) // datasets.steps_per_epoch
 
     batch = next(iter(datasets.train_epoch(0)))

@@ -50,10 +50,9 @@ def main(argv=None) -> int:
 
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
                                 groups=cfg.distributed.groups)
-        if application.prepare_data is not None and dist.is_root:
-            application.prepare_data(cfg)
-        dist.barrier()
-        datasets = application.build_datasets(cfg, dist)
+        from common.trainer import prepare_data
+
+        datasets = prepare_data(application, cfg, dist)   # the trainer's own: staging happens as it reads
         dist.barrier()
         if dist.is_root:
             print(f"staged the training files of {dist.size} rank(s) to {cfg.data.stage_dir} "

@@ -192,6 +192,91 @@ def _write_json(path: pathlib.Path, payload: dict) -> None:
         temporary.write_text(json.dumps(payload, indent=2) + "\n")
 
 
+@dataclasses.dataclass
+class Run:
+    """A run set up by :func:`prepare_run`: its data, network and compiled training model."""
+
+    datasets: Datasets
+    network: keras.Model
+    model: TrainingModel
+    optimizer: keras.optimizers.Optimizer
+    schedule: Any
+    forward_flops: int
+    global_batch_size: int
+    peak_learning_rate: float
+
+
+def prepare_data(app: Application, cfg: AppConfig, dist: Distributed) -> Datasets:
+    """The precision decided once (rank 0's answer for ``auto``) and set; the application's data prepared
+    (generated, summarised: rank 0, while the others wait) and its datasets built on every rank."""
+    cfg.train.precision = dist.broadcast_object(precision.resolve(cfg.train.precision))
+    precision.check_device_support(cfg.train.precision)
+    precision.set_precision(cfg.train.precision)
+    if app.prepare_data is not None:
+        if dist.is_root:
+            app.prepare_data(cfg)
+        dist.barrier()
+    return app.build_datasets(cfg, dist)
+
+
+def prepare_run(app: Application, cfg: AppConfig, dist: Distributed, datasets: Datasets | None = None) -> Run:
+    """The one set-up of the trainer and the benchmark: data (:func:`prepare_data`, unless given), network,
+    schedule, optimizer and the compiled :class:`TrainingModel`.  Nothing broadcast yet: a run restores its
+    checkpoint first."""
+    datasets = datasets if datasets is not None else prepare_data(app, cfg, dist)
+    network = app.build_model(cfg)
+    for output in network.outputs:
+        if output.dtype != "float32":
+            raise TypeError(f"{app.name} model output {output.name} is {output.dtype}; build the last layer "
+                            "with dtype='float32'")
+    global_batch_size = cfg.data.batch_size * dist.size
+    opt = cfg.optimizer
+    peak_lr = peak_learning_rate(opt.learning_rate, opt.schedule, global_batch_size)
+    schedule = build_schedule(opt.schedule, opt.learning_rate, peak_lr, datasets.steps_per_epoch, cfg.train.epochs)
+    optimizer = build_optimizer(opt, schedule, loss_scaling=precision.needs_loss_scaling(cfg.train.precision))
+    model = TrainingModel(network, dist, gradient_compression=cfg.distributed.gradient_compression,
+                          gradient_lag=cfg.train.gradient_lag)
+    model.compile(optimizer=optimizer, loss=app.loss(cfg), metrics=app.metrics(cfg),
+                  steps_per_execution=cfg.train.steps_per_execution, jit_compile=False)
+    optimizer.build(model.trainable_variables)
+    return Run(datasets, network, model, optimizer, schedule, forward_flops_per_sample(network), global_batch_size,
+               peak_lr)
+
+
+def _claim_run_dir(output_dir: pathlib.Path, resume: bool, force: bool):
+    """(latest checkpoint, whether it is an earlier run's to remove) after the run directory's checks."""
+    outputs.check_run_dir(output_dir, resume, force)
+    latest = checkpoint.latest_checkpoint(output_dir / "checkpoints")
+    earlier_run = latest is not None and not resume
+    if earlier_run and not force:
+        raise UserInputError(f"{output_dir}: holds checkpoints of an earlier run ({latest.name}); "
+                             "pass --resume to continue it, --force to start afresh, or choose another --output-dir")
+    if earlier_run and not outputs.written_by_suite(output_dir):
+        raise UserInputError(f"{output_dir / 'checkpoints'}: holds checkpoints this suite did not mark as its own "
+                             f"({latest.name}); not removed: choose another --output-dir")
+    return latest, earlier_run
+
+
+def _start_or_resume(run: Run, dist: Distributed, latest, resume: bool, checkpoint_dir) -> tuple[int, int]:
+    """(epochs completed, steps into the next) from the latest checkpoint or zero; every rank then holds
+    rank 0's state (and its own dropout RNG state back)."""
+    position = (0, 0)
+    rng_states: list = []
+    if resume and latest is not None:
+        if dist.is_root:
+            state, rng_states = checkpoint.restore_checkpoint(latest, state_variables(run.model),
+                                                              run.optimizer.variables)
+            position = (int(state["epoch"]), int(state.get("step_in_epoch", 0)))
+            print(f"resuming from {latest} (epoch {position[0] + 1}, step {position[1]} of it; "
+                  f"optimizer step {state.get('step')})", flush=True)
+        position, rng_states = dist.broadcast_object((position, rng_states))
+    elif resume and dist.is_root:
+        print(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
+    dist.broadcast_variables(state_variables(run.model) + run.optimizer.variables)
+    _restore_rng(run.model, rng_states, dist)
+    return position
+
+
 def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str | pathlib.Path,
           resume: bool = False, measure_peak: bool = False, force: bool = False,
           stop_request: StopRequest | None = None) -> dict:
@@ -202,25 +287,9 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     started = time.time()
     output_dir = pathlib.Path(output_dir)
     checkpoint_dir = output_dir / "checkpoints"
-    outputs.check_run_dir(output_dir, resume, force)
-    latest = checkpoint.latest_checkpoint(checkpoint_dir)
-    earlier_run = latest is not None and not resume
-    if earlier_run and not force:
-        raise UserInputError(f"{output_dir}: holds checkpoints of an earlier run ({latest.name}); "
-                             "pass --resume to continue it, --force to start afresh, or choose another --output-dir")
-    if earlier_run and not outputs.written_by_suite(output_dir):
-        raise UserInputError(f"{checkpoint_dir}: holds checkpoints this suite did not mark as its own "
-                             f"({latest.name}); not removed: choose another --output-dir")
+    latest, earlier_run = _claim_run_dir(output_dir, resume, force)
     configure_determinism(cfg, dist)
-    cfg.train.precision = dist.broadcast_object(precision.resolve(cfg.train.precision))  # "auto" decided once
-    precision.check_device_support(cfg.train.precision)
-    precision.set_precision(cfg.train.precision)
-
-    if app.prepare_data is not None:
-        if dist.is_root:
-            app.prepare_data(cfg)
-        dist.barrier()
-    datasets = app.build_datasets(cfg, dist)
+    datasets = prepare_data(app, cfg, dist)
     # Written only once the config and data have passed their checks: bad input overwrites nothing.
     if dist.is_root:
         outputs.mark_run_dir(output_dir, app.name)
@@ -234,38 +303,11 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
         mlperf_log.start("init_start", time_ms=int(started * 1000))
         mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
 
-    network = app.build_model(cfg)
-    for output in network.outputs:
-        if output.dtype != "float32":
-            raise TypeError(f"{app.name} model output {output.name} is {output.dtype}; build the last layer "
-                            "with dtype='float32'")
-    forward_flops = forward_flops_per_sample(network)
-    global_batch_size = cfg.data.batch_size * dist.size
-
-    opt = cfg.optimizer
-    peak_lr = peak_learning_rate(opt.learning_rate, opt.schedule, global_batch_size)
-    schedule = build_schedule(opt.schedule, opt.learning_rate, peak_lr, datasets.steps_per_epoch, cfg.train.epochs)
-    optimizer = build_optimizer(opt, schedule, loss_scaling=precision.needs_loss_scaling(cfg.train.precision))
-
-    model = TrainingModel(network, dist, gradient_compression=cfg.distributed.gradient_compression,
-                          gradient_lag=cfg.train.gradient_lag)
-    model.compile(optimizer=optimizer, loss=app.loss(cfg), metrics=app.metrics(cfg),
-                  steps_per_execution=cfg.train.steps_per_execution, jit_compile=False)
-    optimizer.build(model.trainable_variables)
-
-    position = (0, 0)   # (epochs completed, steps into the next epoch)
-    rng_states: list = []
-    if resume and latest is not None:
-        if dist.is_root:
-            state, rng_states = checkpoint.restore_checkpoint(latest, state_variables(model), optimizer.variables)
-            position = (int(state["epoch"]), int(state.get("step_in_epoch", 0)))
-            print(f"resuming from {latest} (epoch {position[0] + 1}, step {position[1]} of it; "
-                  f"optimizer step {state.get('step')})", flush=True)
-        position, rng_states = dist.broadcast_object((position, rng_states))
-    elif resume and dist.is_root:
-        print(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
-    dist.broadcast_variables(state_variables(model) + optimizer.variables)
-    _restore_rng(model, rng_states, dist)
+    run = prepare_run(app, cfg, dist, datasets)
+    network, model, optimizer = run.network, run.model, run.optimizer
+    forward_flops, global_batch_size, peak_lr, schedule = (run.forward_flops, run.global_batch_size,
+                                                           run.peak_learning_rate, run.schedule)
+    position = _start_or_resume(run, dist, latest, resume, checkpoint_dir)
 
     peak_flops_total = None
     if measure_peak:
