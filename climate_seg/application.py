@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pathlib
 
 from climate_seg.config import CHANNELS, CLASS_NAMES, ClimateConfig, DetectConfig
@@ -15,6 +17,8 @@ from common.errors import ConfigError
 from common.outputs import generated_folder
 from common.metrics import ConfusionMatrix
 from common.trainer import Application, MlperfSpec
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -33,10 +37,10 @@ def _prepare(cfg, generate, what: str, stats_of, stats_file: pathlib.Path, chann
             if stats_name is not None:
                 write_stats(work / stats_name, stats_of(list_files(work / "train", ("*.h5",), f"{what} train")),
                             channels)
-        print(f"generated synthetic {what} in {root}/{{{','.join(SPLITS)}}}", flush=True)
+        log.info(f"generated synthetic {what} in {root}/{{{','.join(SPLITS)}}}")
     if (root / "train").is_dir() and not stats_file.is_file():
         write_stats(stats_file, stats_of(list_files(root / "train", ("*.h5",), f"{what} train")), channels)
-        print(f"computed channel statistics into {stats_file}", flush=True)
+        log.info(f"computed channel statistics into {stats_file}")
 
 
 def _prepare_data(cfg: ClimateConfig) -> None:
@@ -54,8 +58,8 @@ def _prepare_data(cfg: ClimateConfig) -> None:
             and "class_frequencies" not in load_stats(stats_file) and not counts_file.is_file():
         files = [f.path for f in split_files(cfg, "train")]
         frequencies = write_class_counts(counts_file, files)
-        print(f"{stats_file} holds no class frequencies; counted them over {len(files)} training samples into "
-              f"{counts_file}: " + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)), flush=True)
+        log.info(f"{stats_file} holds no class frequencies; counted them over {len(files)} training samples into "
+                 f"{counts_file}: " + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)))
 
 
 def _loss(cfg: ClimateConfig):

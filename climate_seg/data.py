@@ -22,6 +22,8 @@ random crop and longitude roll when training (centre crop otherwise).
 
 from __future__ import annotations
 
+import logging
+
 import dataclasses
 import pathlib
 
@@ -35,6 +37,8 @@ from common.data import (Datasets, check_split_files, epoch_seed, list_files, sc
                          shards_files, stage_files, steps_for)
 from common.distributed import Distributed
 from common.errors import DataError
+
+log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPLITS = ("train", "validation", "test")
@@ -269,14 +273,13 @@ def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
     n_valid = select_count(len(valid_files), data.n_validation, "data.n_validation", f"{data.data_dir}/validation")
     train_files, valid_files = train_files[:n_train], valid_files[:n_valid]
     stats = load_stats(stats_path(cfg))
-    if dist.is_root:
-        layout = "SC18 (climate/data 16 x H x W, climate/labels)" if train_files[0].channels_first else \
-            "DeepCAM (climate/data H x W x 16, climate/labels_0)"
-        print(f"climate data: {data.data_dir}: {layout} samples; statistics {stats_path(cfg)} ({stats['format']}), "
-              f"{data.normalization} normalisation", flush=True)
-    if dist.is_root and not raw_readable(train_files + valid_files):
-        print(f"note: {data.data_dir} holds chunked or compressed samples; reading them with h5py "
-              "(serialised on the GIL; climate_seg.convert writes contiguous files)", flush=True)
+    layout = "SC18 (climate/data 16 x H x W, climate/labels)" if train_files[0].channels_first else \
+        "DeepCAM (climate/data H x W x 16, climate/labels_0)"
+    log.info(f"climate data: {data.data_dir}: {layout} samples; statistics {stats_path(cfg)} ({stats['format']}), "
+             f"{data.normalization} normalisation")
+    if not raw_readable(train_files + valid_files):
+        log.info(f"note: {data.data_dir} holds chunked or compressed samples; reading them with h5py "
+                 "(serialised on the GIL; climate_seg.convert writes contiguous files)")
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
 

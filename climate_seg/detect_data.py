@@ -22,6 +22,8 @@ pass over the labeled samples.  3D: samples are windows of
 
 from __future__ import annotations
 
+import logging
+
 import dataclasses
 import pathlib
 
@@ -36,6 +38,8 @@ from climate_seg.data import screened_split
 from common.data import Datasets, check_split_files, epoch_seed, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
+
+log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPLITS = ("train", "validation", "test")
@@ -273,10 +277,9 @@ def build_datasets(cfg: DetectConfig, dist: Distributed) -> Datasets:
                         f"({len(labeled)} labeled, data.labeled_per_batch={n_labeled})")
     steps = steps_for(len(labeled), dist.size, n_labeled, "data.labeled_per_batch", f"{data.data_dir}/train")
     valid_steps = steps_for(len(valid), dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
-    if dist.is_root:
-        print(f"detection data: {data.data_dir}: ExtremeWeather layout, box columns {list(data.box_columns)}, "
-              f"classes numbered {numbering}-{3 + numbering}; {len(labeled)} labeled and {len(unlabeled)} unlabeled "
-              f"training samples, batches of {n_labeled} labeled + {n_unlabeled} unlabeled", flush=True)
+    log.info(f"detection data: {data.data_dir}: ExtremeWeather layout, box columns {list(data.box_columns)}, "
+             f"classes numbered {numbering}-{3 + numbering}; {len(labeled)} labeled and {len(unlabeled)} unlabeled "
+             f"training samples, batches of {n_labeled} labeled + {n_unlabeled} unlabeled")
 
     def train_epoch(epoch):
         seed_e = epoch_seed(seed, epoch)

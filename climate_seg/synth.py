@@ -28,7 +28,6 @@ small demo can learn them).
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import sys
 

@@ -3,7 +3,8 @@ ranks, throughput, learning rate, checkpoints and the per-epoch report."""
 
 from __future__ import annotations
 
-import sys
+import logging
+
 import time
 
 import keras
@@ -13,6 +14,8 @@ from common import checkpoint
 from common.distributed import SEED_STATE_MARKER, Distributed
 from common.flops import TRAINING_FLOPS_FACTOR
 from common.metrics import ConfusionMatrix, iou_from_confusion
+
+log = logging.getLogger(__name__)
 
 
 def last_step(callback: keras.callbacks.Callback, batch: int) -> bool:
@@ -205,10 +208,9 @@ class EpochReport(keras.callbacks.Callback):
     SHOWN_FIRST = ("loss", "val_loss")
     THROUGHPUT = ("samples_per_second", "tflops_per_second", "ratio_to_peak", "epoch_time_s", "learning_rate")
 
-    def __init__(self, epochs: int, stream=None):
+    def __init__(self, epochs: int):
         super().__init__()
         self.epochs = epochs
-        self.stream = stream or sys.stdout
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -221,4 +223,4 @@ class EpochReport(keras.callbacks.Callback):
             if "ratio_to_peak" in logs:
                 line += f" ({100 * logs['ratio_to_peak']:.1f}% of peak)"
         line += f" | lr {logs.get('learning_rate', float('nan')):.3g}, {logs.get('epoch_time_s', 0):.1f} s"
-        print(line, file=self.stream, flush=True)
+        log.info(line)

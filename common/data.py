@@ -3,6 +3,8 @@ shared-seed file shuffling with rank sharding, and staging to local storage."""
 
 from __future__ import annotations
 
+import logging
+
 import dataclasses
 import json
 import os
@@ -17,6 +19,8 @@ import tensorflow as tf
 from common.distributed import Distributed
 from common.errors import DataError
 from common.outputs import atomic_path, write_json
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -99,7 +103,7 @@ def screen_files(files: list[str], inspect: Callable[[str], int], dist: Distribu
         raise DataError(problems[0] + others)
     if problems and dist.is_root:
         for problem in problems:
-            print(f"warning: skipping bad file: {problem}", flush=True)
+            log.warning(f"skipping bad file: {problem}")
     good = [f for f in files if not merged[f][1]]
     if not good:
         raise DataError(f"{where}: all {len(files)} files are bad; the first: {problems[0]}")

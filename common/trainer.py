@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import pathlib
 import sys
 import time
@@ -174,9 +173,8 @@ def measure_peak_flops(cfg: AppConfig, dist: Distributed) -> float:
     dtype = precision.compute_dtype(cfg.train.precision)
     per_rank = measure_matmul_flops(dtype)
     total = float(dist.sum_array(np.array([per_rank]))[0])
-    if dist.is_root:
-        print(f"measured peak: {per_rank / 1e12:.3f} TFLOP/s per rank ({dtype} matmul), "
-              f"{total / 1e12:.3f} TFLOP/s over {dist.size} ranks", flush=True)
+    log.info(f"measured peak: {per_rank / 1e12:.3f} TFLOP/s per rank ({dtype} matmul), "
+             f"{total / 1e12:.3f} TFLOP/s over {dist.size} ranks")
     return total
 
 
@@ -267,11 +265,11 @@ def _start_or_resume(run: Run, dist: Distributed, latest, resume: bool, checkpoi
             state, rng_states = checkpoint.restore_checkpoint(latest, state_variables(run.model),
                                                               run.optimizer.variables)
             position = (int(state["epoch"]), int(state.get("step_in_epoch", 0)))
-            print(f"resuming from {latest} (epoch {position[0] + 1}, step {position[1]} of it; "
-                  f"optimizer step {state.get('step')})", flush=True)
+            log.info(f"resuming from {latest} (epoch {position[0] + 1}, step {position[1]} of it; "
+                     f"optimizer step {state.get('step')})")
         position, rng_states = dist.broadcast_object((position, rng_states))
-    elif resume and dist.is_root:
-        print(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
+    elif resume:
+        log.info(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch")
     dist.broadcast_variables(state_variables(run.model) + run.optimizer.variables)
     _restore_rng(run.model, rng_states, dist)
     return position
@@ -304,7 +302,7 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
         mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
 
     run = prepare_run(app, cfg, dist, datasets)
-    network, model, optimizer = run.network, run.model, run.optimizer
+    network, model = run.network, run.model
     forward_flops, global_batch_size, peak_lr, schedule = (run.forward_flops, run.global_batch_size,
                                                            run.peak_learning_rate, run.schedule)
     position = _start_or_resume(run, dist, latest, resume, checkpoint_dir)
@@ -340,13 +338,13 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
                                              app.mlperf.target(cfg), app.mlperf.higher_is_better)
             callbacks.append(mlperf_callback)
         callbacks.append(EpochReport(cfg.train.epochs))
-        over = f" over {dist.controller}" if dist.controller else ""
-        print(f"{app.name}: {dist.size} rank(s) [{dist.backend}]{over}, global batch {global_batch_size}, "
-              f"{datasets.steps_per_epoch} steps/epoch, {datasets.train_samples} training and "
-              f"{datasets.validation_samples} validation samples/epoch, {network.count_params():,} parameters, "
-              f"{forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
-              f"peak LR {peak_lr:.4g}", flush=True)
-        print(f"cpu: {cpu.one_line()}", flush=True)
+    over = f" over {dist.controller}" if dist.controller else ""
+    log.info(f"{app.name}: {dist.size} rank(s) [{dist.backend}]{over}, global batch {global_batch_size}, "
+             f"{datasets.steps_per_epoch} steps/epoch, {datasets.train_samples} training and "
+             f"{datasets.validation_samples} validation samples/epoch, {network.count_params():,} parameters, "
+             f"{forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
+             f"peak LR {peak_lr:.4g}")
+    log.info(f"cpu: {cpu.one_line()}")
 
     history: dict[str, list] = {}
     first_epoch = position[0]
@@ -382,9 +380,8 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
         if watchdog is not None:
             watchdog.stop()
     _finish_mlperf(mlperf_callback)
-    if datasets.skipped_files and dist.is_root:
-        print(f"skipped {len(datasets.skipped_files)} bad file(s) (data.on_bad_file: skip); see the warnings above",
-              flush=True)
+    if datasets.skipped_files and dist.is_root:   # the same list on every rank
+        log.warning(f"skipped {len(datasets.skipped_files)} bad file(s) (data.on_bad_file: skip); see above")
 
     summary = _summary(app, cfg, dist, history, network, forward_flops, global_batch_size, datasets,
                        peak_flops_total, time.time() - started, first_epoch, mlperf_callback)
@@ -421,8 +418,8 @@ def _restore_rng(model, rng_states: list, dist: Distributed) -> None:
     variables = rng_variables(model)
     if len(rng_states) != dist.size or len(rng_states[dist.rank]) != len(variables):
         if dist.is_root:
-            print(f"warning: the checkpoint holds RNG states of {len(rng_states)} rank(s); this run has "
-                  f"{dist.size}: dropout streams start afresh", flush=True)
+            log.warning(f"the checkpoint holds RNG states of {len(rng_states)} rank(s); this run has "
+                        f"{dist.size}: dropout streams start afresh")
         return
     for variable, value in zip(variables, rng_states[dist.rank]):
         variable.assign(value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pathlib
 
 from common.trainer import Application, MlperfSpec
@@ -10,12 +12,14 @@ from cosmoflow.data import build_datasets, check_data
 from cosmoflow.mock import ensure_mock_data
 from cosmoflow.model import build_model
 
+log = logging.getLogger(__name__)
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _prepare_data(cfg: CosmoflowConfig) -> None:
     if cfg.data.mock.generate_if_missing and ensure_mock_data(cfg):
-        print(f"generated mock universes in {cfg.data.data_dir}", flush=True)
+        log.info(f"generated mock universes in {cfg.data.data_dir}")
 
 
 def _mlperf_hyperparameters(cfg: CosmoflowConfig, schedule) -> dict:

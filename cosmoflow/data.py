@@ -26,6 +26,8 @@ counts come from the files present: asking for more (``n_train``,
 
 from __future__ import annotations
 
+import logging
+
 import dataclasses
 import math
 import pathlib
@@ -41,6 +43,8 @@ from common.errors import DataError
 from common.precision import compute_dtype
 from common.tfrecord import scan_tfrecord
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
+
+log = logging.getLogger(__name__)
 
 TFRECORD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.tfrecords.gz")
 HDF5_PATTERNS = ("*.h5", "*.hdf5")
@@ -426,8 +430,7 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
         raise DataError(f"{data.data_dir}: train/ holds {layout.describe()}, validation/ {valid_layout.describe()}")
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
-    if dist.is_root:
-        print(f"cosmoflow data: {data.data_dir}: {layout.describe()}; predicting {data.target_names}", flush=True)
+    log.info(f"cosmoflow data: {data.data_dir}: {layout.describe()}; predicting {data.target_names}")
 
     if data.stage_dir and data.format == "tfrecord":
         train_files = stage_files(train_files, data.stage_dir, dist)

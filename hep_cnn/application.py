@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pathlib
 
 import keras
@@ -13,6 +15,8 @@ from hep_cnn.maxima import write_maxima
 from hep_cnn.model import build_model
 from hep_cnn.synth import dataset_present, generate_dataset
 
+log = logging.getLogger(__name__)
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -23,10 +27,10 @@ def _prepare_data(cfg: HepConfig) -> None:
         s = data.synth
         generate_dataset(directory, s.n_train, s.n_validation, s.n_test, data.image_size, s.signal_fraction,
                          s.events_per_file, s.seed, "all_events" if data.layout == "auto" else data.layout)
-        print(f"generated synthetic events in {directory}", flush=True)
+        log.info(f"generated synthetic events in {directory}")
     if not maxima_path(cfg).is_file():
         maxima = write_maxima(cfg)
-        print(f"computed training-set maxima {maxima['channel_max']} into {maxima_path(cfg)}", flush=True)
+        log.info(f"computed training-set maxima {maxima['channel_max']} into {maxima_path(cfg)}")
 
 
 def _loss(cfg: HepConfig):

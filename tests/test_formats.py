@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from climate_seg.config import CHANNELS, ClimateConfig, DetectConfig
+from climate_seg.config import ClimateConfig, DetectConfig
 from common.config import validate
 from common.distributed import Distributed
 from common.errors import DataError

@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import REPO, run_python, tiny_cosmo_overrides
+from conftest import run_python, tiny_cosmo_overrides
 
 FOREIGN = b"my own universe, not to be touched\n" * 50
 
