@@ -4,7 +4,6 @@ ranks, throughput, learning rate, checkpoints and the per-epoch report."""
 from __future__ import annotations
 
 import logging
-
 import time
 
 import keras

@@ -3,10 +3,9 @@ shared-seed file shuffling with rank sharding, and staging to local storage."""
 
 from __future__ import annotations
 
-import logging
-
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import re

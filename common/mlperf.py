@@ -12,9 +12,8 @@ Check a log with::
 
 from __future__ import annotations
 
-import logging
-
 import keras
+import logging
 from mlperf_logging.mllog import constants
 from mlperf_logging.mllog.mllog import MLLogger
 

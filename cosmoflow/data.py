@@ -26,9 +26,8 @@ counts come from the files present: asking for more (``n_train``,
 
 from __future__ import annotations
 
-import logging
-
 import dataclasses
+import logging
 import math
 import pathlib
 

@@ -70,8 +70,9 @@ def build(app: str, tiny: bool, batch: int | None):
         network, loss = build_model(cfg), keras.losses.SparseCategoricalCrossentropy()
         y = rng.integers(0, 2, cfg.data.batch_size).astype("int32")
     else:
-        from climate_seg.config import ClimateConfig
-        from climate_seg.model import WeightedPixelCrossEntropy, build_model
+        from climate_seg.segmentation.config import ClimateConfig
+        from climate_seg.segmentation.loss import WeightedPixelCrossEntropy
+        from climate_seg.segmentation.model import build_model
 
         cfg = load_config(ClimateConfig, REPO / config, overrides)
         network, loss = build_model(cfg), WeightedPixelCrossEntropy([0.1, 5.0, 2.0])

@@ -56,7 +56,7 @@ def probe(module: str, stop: bool = False, **variables) -> dict:
 
 
 def test_the_entry_points_are_all_found():
-    assert {"cosmoflow.train", "cosmoflow.mock", "climate_seg.stats", "climate_seg.convert", "common.bench",
+    assert {"cosmoflow.train", "cosmoflow.mock", "climate_seg.cam5.stats", "climate_seg.cam5.convert", "common.bench",
             "common.check_data", "common.slurm", "hep_cnn.evaluate"} <= set(ENTRY_POINTS)
 
 

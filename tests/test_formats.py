@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from climate_seg.config import ClimateConfig, DetectConfig
+from climate_seg.detection.config import DetectConfig
+from climate_seg.segmentation.config import ClimateConfig
 from common.config import validate
 from common.distributed import Distributed
 from common.errors import DataError
@@ -67,8 +68,9 @@ def climate_cfg(root, **data):
 @pytest.mark.parametrize("layout", ["deepcam", "sc18"])
 @pytest.mark.parametrize("normalization", ["minmax", "zscore"])
 def test_climate_samples_and_statistics_as_published(tmp_path, layout, normalization):
-    from climate_seg.data import build_datasets, evaluation_dataset, split_files, stats_path
-    from climate_seg.stats import load_stats
+    from climate_seg.cam5.data import stats_path
+    from climate_seg.cam5.stats import load_stats
+    from climate_seg.segmentation.data import build_datasets, evaluation_dataset, split_files
 
     fields, labels = climate_fields(6)
     pixels = (write_deepcam if layout == "deepcam" else write_sc18)(tmp_path, fields, labels)
@@ -132,7 +134,7 @@ def detect_cfg(root, **data):
 
 @pytest.mark.parametrize("numbering", [0, 1])
 def test_extremeweather_boxes_in_the_writers_column_order(tmp_path, numbering):
-    from climate_seg.detect_data import split_samples, true_boxes
+    from climate_seg.detection.data import split_samples, true_boxes
 
     # One tall narrow box: rows 2-20, columns 30-34 (an atmospheric river, class 3 in 0-3).
     rows = [[[2, 20, 30, 34, 3 + numbering], [5, 9, 1, 6, 0 + numbering]], [[10, 12, 40, 47, 1 + numbering]]]
@@ -153,7 +155,7 @@ def test_extremeweather_boxes_in_the_writers_column_order(tmp_path, numbering):
     ([[[2, 20, 30, 34, 7]]], "class 7 outside 0-4"),
 ])
 def test_bad_boxes_are_named_by_file_sample_and_row(tmp_path, rows, message):
-    from climate_seg.detect_data import split_samples
+    from climate_seg.detection.data import split_samples
 
     (tmp_path / "train").mkdir()
     write_extremeweather(tmp_path / "train" / "climo_1979.h5", rows)

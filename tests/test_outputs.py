@@ -43,7 +43,7 @@ def refused(args, root, expect=None):
 
 GENERATORS = {
     "cosmoflow.mock": ["--n-train", "2", "--n-valid", "1", "--size", "8", "--workers", "1"],
-    "climate_seg.synth": ["--grid", "8", "12", "--n-train", "1", "--n-validation", "1", "--n-test", "1"],
+    "climate_seg.cam5.synth": ["--grid", "8", "12", "--n-train", "1", "--n-validation", "1", "--n-test", "1"],
     "hep_cnn.synth": ["--n-train", "4", "--n-validation", "2", "--n-test", "2", "--image-size", "8"],
 }
 
@@ -76,29 +76,29 @@ def test_demo_configs_refuse_to_generate_into_a_users_folder(config, foreign, tm
 
 
 def test_convert_refuses_an_output_folder_of_other_files(foreign, tmp_path):
-    from climate_seg.config import SynthSection
-    from climate_seg.synth import generate_dataset
+    from climate_seg.cam5.config import SynthSection
+    from climate_seg.cam5.synth import generate_dataset
 
     netcdf = generate_dataset(tmp_path / "nc", SynthSection(grid=(8, 12), n_train=2, n_validation=1, n_test=1),
                               progress=False)
-    refused(["-m", "climate_seg.convert", "--input", str(netcdf["train"][0]), "--out", str(foreign)], tmp_path,
+    refused(["-m", "climate_seg.cam5.convert", "--input", str(netcdf["train"][0]), "--out", str(foreign)], tmp_path,
             "choose another --out")
     # Converting twice into the same folder replaces only the suite's own samples.
     out = tmp_path / "converted"
     for _ in range(2):
-        run_python(["-m", "climate_seg.convert", "--input", str(netcdf["train"][0]), "--out", str(out)])
+        run_python(["-m", "climate_seg.cam5.convert", "--input", str(netcdf["train"][0]), "--out", str(out)])
     assert len(list(out.glob("*.h5"))) == 2
     # A user's file of the same name as a sample is never replaced, even in a folder of the suite's samples.
     victim = sorted(out.glob("*.h5"))[0]
     with h5py.File(victim, "w") as f:
         f["mine"] = np.arange(3)
-    refused(["-m", "climate_seg.convert", "--input", str(netcdf["train"][0]), "--out", str(out)], tmp_path)
+    refused(["-m", "climate_seg.cam5.convert", "--input", str(netcdf["train"][0]), "--out", str(out)], tmp_path)
 
 
 def test_stats_never_replaces_a_shipped_statistics_file(tmp_path):
-    from climate_seg.config import SynthSection
-    from climate_seg.convert import convert
-    from climate_seg.synth import generate_dataset
+    from climate_seg.cam5.config import SynthSection
+    from climate_seg.cam5.convert import convert
+    from climate_seg.cam5.synth import generate_dataset
 
     netcdf = generate_dataset(tmp_path / "nc", SynthSection(grid=(8, 12), n_train=2, n_validation=1, n_test=1),
                               progress=False)
@@ -107,8 +107,8 @@ def test_stats_never_replaces_a_shipped_statistics_file(tmp_path):
     with h5py.File(data / "stats.h5", "w") as f:   # the DeepCAM dataset's own file
         for key in ("minval", "maxval", "mean", "sqmean"):
             f[f"climate/{key}"] = np.arange(16.0)
-    refused(["-m", "climate_seg.stats", str(data / "train")], tmp_path, "--out to write elsewhere")
-    run_python(["-m", "climate_seg.stats", str(data / "train"), "--out", str(tmp_path / "mine.h5")])
+    refused(["-m", "climate_seg.cam5.stats", str(data / "train")], tmp_path, "--out to write elsewhere")
+    run_python(["-m", "climate_seg.cam5.stats", str(data / "train"), "--out", str(tmp_path / "mine.h5")])
     with h5py.File(tmp_path / "mine.h5") as f:
         assert f["mean"].shape == (16,)
 

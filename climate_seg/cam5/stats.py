@@ -1,7 +1,7 @@
 """Per-channel statistics and class frequencies of a directory of training samples.
 
-    python -m climate_seg.stats DIR [--out DIR/../stats.h5]      # segmentation samples or ExtremeWeather files
-    horovodrun -np N python -m climate_seg.stats DIR      # each rank reads a share
+    python -m climate_seg.cam5.stats DIR [--out DIR/../stats.h5]      # segmentation samples or ExtremeWeather files
+    horovodrun -np N python -m climate_seg.cam5.stats DIR      # each rank reads a share
 
 Reads, by content, the three statistics files in use (:func:`load_stats`):
 this suite's (root ``mean``, ``std``, ``min``, ``max``, ``class_frequencies``),
@@ -30,7 +30,7 @@ import pathlib
 import h5py
 import numpy as np
 
-from climate_seg.config import CHANNELS, CLASS_NAMES
+from climate_seg.cam5.config import CHANNELS, CLASS_NAMES
 from common.cli import exit_on_user_error, exit_process
 from common.errors import DataError
 from common.outputs import atomic_path, check_replaceable, mark_hdf5
@@ -178,7 +178,7 @@ def write_stats(path, stats: RunningStats, channels=CHANNELS, force: bool = Fals
     """``stats.h5``, atomically; a file there that this suite did not write is kept (an error) unless ``force``."""
     with atomic_path(pathlib.Path(path), force, "pass --force to replace it, or --out to write elsewhere") \
             as temporary, h5py.File(temporary, "w") as f:
-        mark_hdf5(f, "climate_seg.stats")
+        mark_hdf5(f, "climate_seg.cam5.stats")
         f["mean"], f["std"] = stats.mean, stats.std
         f["min"], f["max"] = stats.minimum, stats.maximum
         f["count"] = stats.count
@@ -214,7 +214,7 @@ def load_stats(path) -> dict:
     when the file has them, from any of the three formats; a one-line error naming the file otherwise."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: channel statistics not found; run python -m climate_seg.stats <train dir> "
+        raise DataError(f"{path}: channel statistics not found; run python -m climate_seg.cam5.stats <train dir> "
                         f"--out {path}")
     try:
         with h5py.File(path, "r") as f:
@@ -271,7 +271,7 @@ def write_class_counts(path, files: list[str]) -> np.ndarray:
             raise DataError(f"{sample}: labels hold values outside 0-{len(CLASS_NAMES) - 1}")
         counts += np.bincount(labels.reshape(-1), minlength=len(CLASS_NAMES))
     write_json(path, {"classes": list(CLASS_NAMES), "counts": counts.tolist(), "files": len(files)},
-               "climate_seg.stats")
+               "climate_seg.cam5.stats")
     return counts / max(counts.sum(), 1)
 
 
@@ -288,7 +288,7 @@ def load_class_frequencies(stats: dict, stats_path) -> np.ndarray:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m climate_seg.stats", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m climate_seg.cam5.stats", description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="directory of training samples (*.h5)")
     parser.add_argument("--out", help="output file (default: stats.h5 beside the directory)")
     parser.add_argument("--force", action="store_true", help="replace an existing file this suite did not write")

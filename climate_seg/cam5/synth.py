@@ -1,10 +1,10 @@
 """CAM5-like synthetic climate fields with planted tropical cyclones and atmospheric rivers.
 
-    python -m climate_seg.synth --out DIR [--grid 192 288] [--n-train 96] [--seed 2018]
+    python -m climate_seg.cam5.synth --out DIR [--grid 192 288] [--n-train 96] [--seed 2018]
 
 Writes netCDF files ``DIR/{train,validation,test}/cam5-synth-<split>-NNNN.nc``
 in the layout of CAM5 output (dims ``time, lat, lon``; the 16 variables of
-:data:`climate_seg.config.CHANNELS` in CAM5 units; a CF ``time`` axis, 3-hourly,
+:data:`climate_seg.cam5.config.CHANNELS` in CAM5 units; a CF ``time`` axis, 3-hourly,
 ``noleap`` calendar) with a ``LABELS`` variable (0 background, 1 tropical
 cyclone, 2 atmospheric river) taken from the planted features, so the netCDF
 -> HDF5 converter runs on them exactly as on real output.
@@ -34,7 +34,7 @@ import sys
 import netCDF4
 import numpy as np
 
-from climate_seg.config import CHANNELS, SynthSection
+from climate_seg.cam5.config import CHANNELS, SynthSection
 from common.outputs import atomic_path, generated_folder, mark_hdf5
 from common.progress import Progress
 
@@ -230,11 +230,11 @@ def write_netcdf(path: pathlib.Path, lat: np.ndarray, lon: np.ndarray, times_h: 
                  steps: list[tuple[dict[str, np.ndarray], np.ndarray]], labels_var: str | None = LABELS_VAR) -> None:
     """A CAM5-style netCDF file: (time, lat, lon) variables, CF time; written atomically."""
     with atomic_path(path) as temporary, netCDF4.Dataset(temporary, "w", format="NETCDF4") as nc:
-        mark_hdf5(nc, "climate_seg.synth")
+        mark_hdf5(nc, "climate_seg.cam5.synth")
         nc.createDimension("time", None)
         nc.createDimension("lat", len(lat))
         nc.createDimension("lon", len(lon))
-        nc.source = "climate_seg.synth: CAM5-like synthetic fields with planted extreme-weather features"
+        nc.source = "climate_seg.cam5.synth: CAM5-like synthetic fields with planted extreme-weather features"
         t = nc.createVariable("time", "f8", ("time",))
         t.units, t.calendar = TIME_UNITS, "noleap"
         t[:] = times_h
@@ -280,7 +280,7 @@ def generate_dataset(out_dir, synth: SynthSection, progress: bool = True) -> dic
 
 def main(argv=None) -> int:
     defaults = SynthSection()
-    parser = argparse.ArgumentParser(prog="python -m climate_seg.synth", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m climate_seg.cam5.synth", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--grid", type=int, nargs=2, default=list(defaults.grid), metavar=("NLAT", "NLON"))
     parser.add_argument("--n-train", type=int, default=defaults.n_train)
@@ -355,11 +355,11 @@ def write_extremeweather(path, images: np.ndarray, boxes: np.ndarray, labeled: n
     column max, class]."""
     import h5py
 
-    from climate_seg.config import BOX_COLUMNS, FILE_BOX_COLUMNS
+    from climate_seg.detection.config import BOX_COLUMNS, FILE_BOX_COLUMNS
 
     stored = np.asarray(boxes, np.float32)[..., [BOX_COLUMNS.index(name) for name in FILE_BOX_COLUMNS]]
     with atomic_path(pathlib.Path(path)) as temporary, h5py.File(temporary, "w") as f:
-        mark_hdf5(f, "climate_seg.synth")
+        mark_hdf5(f, "climate_seg.cam5.synth")
         f.create_dataset("images", data=images.astype(np.float32))
         f.create_dataset("boxes", data=stored)
         if labeled is not None:

@@ -5,11 +5,11 @@ Layout: ``data_dir/{train,validation,test}/*.h5``, one sample per file with
 {0, 1, 2} (DeepCAM), or ``climate/data`` (16, H, W) and ``climate/labels``
 (SC18), told apart by their shapes; statistics from DeepCAM's
 ``data_dir/stats.h5``, SC18's ``data_dir/train/stats.h5`` (which is skipped as
-a sample) or ``python -m climate_seg.stats`` (:func:`climate_seg.stats.load_stats`).
+a sample) or ``python -m climate_seg.cam5.stats`` (:func:`climate_seg.stats.load_stats`).
 
 Reading without the GIL: at start-up every file is screened once (each rank a
 share) and the byte offsets of its two datasets are recorded.  When every file
-stores them contiguously and uncompressed (what ``climate_seg.convert``
+stores them contiguously and uncompressed (what ``climate_seg.cam5.convert``
 writes, and HDF5's default), samples are read with ``tf.io.read_file`` and
 decoded with ``tf.io.decode_raw``: pure TF ops that run in parallel on the
 tf.data thread pool.  Chunked or compressed files fall back to h5py inside
@@ -22,26 +22,24 @@ random crop and longitude roll when training (centre crop otherwise).
 
 from __future__ import annotations
 
-import logging
-
 import dataclasses
-import pathlib
+import logging
 
 import h5py
 import numpy as np
 import tensorflow as tf
 
-from climate_seg.config import CHANNELS, CLASS_NAMES, ClimateConfig
-from climate_seg.stats import load_class_frequencies, load_stats, locate_stats, read_sample, sample_layout
-from common.data import (Datasets, check_split_files, epoch_seed, list_files, screen_files, select_count,
-                         shards_files, stage_files, steps_for)
+from climate_seg.cam5.config import CHANNELS, CLASS_NAMES
+from climate_seg.segmentation.config import ClimateConfig
+from climate_seg.cam5.data import SPLITS, normalizer, screened_split, stats_path
+from climate_seg.cam5.stats import load_stats, read_sample, sample_layout
+from common.data import Datasets, check_split_files, epoch_seed, select_count, shards_files, stage_files, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 
 log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
-SPLITS = ("train", "validation", "test")
 N_CHANNELS = len(CHANNELS)
 # dtypes the raw reader decodes (little-endian, as HDF5 writes on every machine we run on).
 RAW_LABEL_DTYPES = {"<i4": tf.int32, "<i8": tf.int64, "|u1": tf.uint8, "|i1": tf.int8, "<i2": tf.int16,
@@ -84,58 +82,9 @@ def split_files(cfg: ClimateConfig, split: str, dist: Distributed | None = None,
     return [layouts[f] for f in good if layouts[f] is not None]
 
 
-def screened_split(data, split: str, inspect, what: str, dist: Distributed | None,
-                   problems: list[str] | None) -> tuple[list[str], dict]:
-    """(good files of ``data_dir/split`` in name order, what ``inspect`` said of each); bad ones
-    appended to ``problems`` (or raised, with ``data.on_bad_file: fail``)."""
-    directory = pathlib.Path(data.data_dir) / split
-    files = list_files(directory, ("*.h5",), f"{what} {split}")
-    good, info, bad = screen_files(files, inspect, dist or Distributed(), data.on_bad_file, str(directory))
-    if problems is not None:
-        problems.extend(bad)
-    return good, info
-
-
 def raw_readable(files: list[SampleFile]) -> bool:
     return all(f.data_offset is not None and f.label_offset is not None for f in files) and \
         len({f.label_dtype for f in files}) == 1 and len({f.channels_first for f in files}) == 1
-
-
-def class_weights(cfg: ClimateConfig, stats: dict | None = None) -> np.ndarray:
-    """Per-class loss weights: given in YAML, or from the class frequencies in stats.h5.
-
-    ``inverse_frequency``: (1 / f_c) normalised to sum 1 (the SC18 references);
-    ``power``: f_c ** -p (DeepCAM: p = 0.125); ``none``: ones.
-    """
-    spec = cfg.loss.class_weights
-    if isinstance(spec, list):
-        return np.asarray(spec, np.float64)
-    if spec == "none":
-        return np.ones(len(CLASS_NAMES))
-    stats = stats if stats is not None else load_stats(stats_path(cfg))
-    frequencies = load_class_frequencies(stats, stats_path(cfg))
-    if np.any(frequencies <= 0):
-        absent = [n for n, f in zip(CLASS_NAMES, frequencies) if f <= 0]
-        raise DataError(f"{stats_path(cfg)}: class(es) {absent} never occur in the training labels; "
-                        "give loss.class_weights as three numbers")
-    if spec == "inverse_frequency":
-        inverse = 1.0 / frequencies
-        return inverse / inverse.sum()
-    return frequencies ** -cfg.loss.weight_power
-
-
-def stats_path(cfg: ClimateConfig) -> pathlib.Path:
-    """The dataset's statistics file (DeepCAM's and this suite's at the root, SC18's in train/)."""
-    return locate_stats(cfg.data.data_dir, cfg.data.stats_file)
-
-
-def normalizer(cfg: ClimateConfig, stats: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(offset, scale) per channel: x -> (x - offset) / scale."""
-    if cfg.data.normalization == "zscore":
-        offset, scale = stats["mean"], stats["std"]
-    else:
-        offset, scale = stats["min"], stats["max"] - stats["min"]
-    return offset.astype(np.float32), np.maximum(scale, 1e-12).astype(np.float32)
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -214,7 +163,7 @@ def _samples(cfg: ClimateConfig, files: list[SampleFile], stats: dict, dist: Dis
              training: bool, staged: bool = False) -> tf.data.Dataset:
     """This rank's (normalised field, labels) samples (``staged``: ``files`` are already this rank's share)."""
     data = cfg.data
-    offset, scale = normalizer(cfg, stats)
+    offset, scale = normalizer(cfg.data.normalization, stats)
     raw = raw_readable(files)
     read = _read_raw(cfg, files[0].label_dtype, files[0].channels_first) if raw else _read_h5py(cfg)
     # File names with their offsets, permuted by the epoch seed (the same on every rank), then sharded.
@@ -279,7 +228,7 @@ def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
              f"{data.normalization} normalisation")
     if not raw_readable(train_files + valid_files):
         log.info(f"note: {data.data_dir} holds chunked or compressed samples; reading them with h5py "
-                 "(serialised on the GIL; climate_seg.convert writes contiguous files)")
+                 "(serialised on the GIL; climate_seg.cam5.convert writes contiguous files)")
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
 

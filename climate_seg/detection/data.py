@@ -22,19 +22,17 @@ pass over the labeled samples.  3D: samples are windows of
 
 from __future__ import annotations
 
-import logging
-
 import dataclasses
-import pathlib
+import logging
 
 import h5py
 import numpy as np
 import tensorflow as tf
 
-from climate_seg.boxes import TARGET_CHANNELS, encode
-from climate_seg.config import BOX_COLUMNS, DetectConfig
-from climate_seg.stats import load_stats
-from climate_seg.data import screened_split
+from climate_seg.detection.boxes import TARGET_CHANNELS, encode
+from climate_seg.detection.config import BOX_COLUMNS, DetectConfig
+from climate_seg.cam5.stats import load_stats
+from climate_seg.cam5.data import SPLITS, normalizer, screened_split, stats_path
 from common.data import Datasets, check_split_files, epoch_seed, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
@@ -42,7 +40,6 @@ from common.errors import DataError
 log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
-SPLITS = ("train", "validation", "test")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,26 +196,12 @@ def read_sample(cfg: DetectConfig, path: str, index: int, labeled: bool, offset,
     return images, targets
 
 
-def normalizer(cfg: DetectConfig, stats: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(offset, scale) of the selected channels, from statistics in the file channel order."""
-    index = [cfg.data.file_channels.index(c) for c in cfg.data.channels]
-    if cfg.data.normalization == "zscore":
-        offset, scale = stats["mean"][index], stats["std"][index]
-    else:
-        offset, scale = stats["min"][index], stats["max"][index] - stats["min"][index]
-    return offset.astype(np.float32), np.maximum(scale, 1e-12).astype(np.float32)
-
-
-def stats_path(cfg: DetectConfig) -> pathlib.Path:
-    return pathlib.Path(cfg.data.data_dir) / cfg.data.stats_file
-
-
 # -- tf.data --------------------------------------------------------------------------------------
 
 def _dataset(cfg: DetectConfig, samples: list[Sample], stats: dict, dist: Distributed, seed: int,
              training: bool) -> tf.data.Dataset:
     data, m = cfg.data, cfg.model
-    offset, scale = normalizer(cfg, stats)
+    offset, scale = normalizer(data.normalization, stats, [data.file_channels.index(c) for c in data.channels])
     grid = (data.grid[0] // m.cell, data.grid[1] // m.cell)
     image_shape = (*data.grid, len(data.channels))
     target_shape = (*grid, TARGET_CHANNELS + 1)

@@ -1,6 +1,6 @@
 """CAM5 netCDF output -> one training HDF5 sample per time step.
 
-    python -m climate_seg.convert --input F.nc [F2.nc ...] --out DIR
+    python -m climate_seg.cam5.convert --input F.nc [F2.nc ...] --out DIR
                                   [--labels L.nc [L2.nc ...]] [--labels-var LABELS]
 
 Each input file holds the 16 CAM5 variables (TMQ, U850, ..., ZBOT) on dims
@@ -10,9 +10,9 @@ or of one ``--labels`` file per input (netCDF or HDF5, ``(time, lat, lon)`` or
 ``(lat, lon)`` for a single step).  Every time step becomes
 ``DIR/data-YYYY-MM-DD-HH-<member>.h5`` (the date from the file's CF time axis;
 ``<stem>-tNNNN`` without one) holding ``climate/data`` float32 (lat, lon, 16)
-in the channel order of :data:`climate_seg.config.CHANNELS` and
+in the channel order of :data:`climate_seg.cam5.config.CHANNELS` and
 ``climate/labels_0`` int32 (lat, lon), stored contiguously so the training
-pipeline can read them without HDF5 (see :mod:`climate_seg.data`).
+pipeline can read them without HDF5 (see :mod:`climate_seg.segmentation.data`).
 
 A missing variable, a variable on another grid, labels of the wrong shape or
 with values outside {0, 1, 2}, or NaNs are one-line errors naming the file
@@ -29,7 +29,7 @@ import h5py
 import netCDF4
 import numpy as np
 
-from climate_seg.config import CHANNELS, CLASS_NAMES
+from climate_seg.cam5.config import CHANNELS, CLASS_NAMES
 from common.cli import exit_on_user_error
 from common.errors import DataError
 from common.outputs import atomic_path, check_replaceable, folder_summary, mark_hdf5, written_by_suite
@@ -108,7 +108,7 @@ def read_labels(path: str, variable: str, shape: tuple[int, int, int], data_path
 def write_sample(path: pathlib.Path, data: np.ndarray, labels: np.ndarray, force: bool = False) -> None:
     """One training sample, contiguous datasets, written atomically (never over a file the suite did not write)."""
     with atomic_path(path, force) as temporary, h5py.File(temporary, "w") as f:
-        mark_hdf5(f, "climate_seg.convert")
+        mark_hdf5(f, "climate_seg.cam5.convert")
         f.create_dataset("climate/data", data=data.astype(np.float32))
         f.create_dataset("climate/labels_0", data=labels.astype(np.int32))
         f["climate"].attrs["channels"] = ",".join(CHANNELS)
@@ -186,7 +186,7 @@ def convert(inputs: list[str], out_dir, labels: list[str] | None = None, labels_
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m climate_seg.convert", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m climate_seg.cam5.convert", description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", nargs="+", required=True, help="CAM5 netCDF files")
     parser.add_argument("--out", required=True, help="output directory for the HDF5 samples")
     parser.add_argument("--labels", nargs="+", help="label files (netCDF or HDF5), one per input")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from climate_seg.config import TiramisuSection
+from climate_seg.segmentation.config import TiramisuSection
 from common.layers import ByteDropout, FusedBatchNormalization
 
 

@@ -27,7 +27,7 @@ def softmax(x, axis=-1):
 
 def image_detections(detect: np.ndarray, cell: int, score_threshold: float, nms_iou: float) -> list:
     """Detections of one box grid (gy, gx, 10)."""
-    from climate_seg.boxes import detections
+    from climate_seg.detection.boxes import detections
 
     objectness = softmax(detect[..., 0:2])[..., 1]
     return detections(objectness, softmax(detect[..., 2:6]), detect[..., 6:8], detect[..., 8:10], cell,
@@ -36,7 +36,7 @@ def image_detections(detect: np.ndarray, cell: int, score_threshold: float, nms_
 
 def average_precisions(predictions: list, truths: list) -> dict:
     """{"ap": {"iou_t": {class: AP}}, "map": {"iou_t": mAP}, "absent_classes": [...]}."""
-    from climate_seg.boxes import DETECTION_CLASSES, average_precision
+    from climate_seg.detection.boxes import DETECTION_CLASSES, average_precision
 
     out = {"ap": {}, "map": {}, "absent_classes": []}
     for threshold in IOU_THRESHOLDS:
@@ -61,7 +61,7 @@ def plot_boxes(images, truths, predictions, names, out_png, tmq_index: int) -> N
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
-    from climate_seg.boxes import DETECTION_CLASSES
+    from climate_seg.detection.boxes import DETECTION_CLASSES
 
     fig, axes = plt.subplots(len(images), 1, figsize=(7, 3.4 * len(images)), squeeze=False)
     for axis, image, truth, predicted, name in zip(axes[:, 0], images, truths, predictions, names):
@@ -105,7 +105,7 @@ def plot_reconstruction(image, recon, channel_names, out_png) -> None:
 
 
 def evaluate_detection(run_dir, cfg, model, split: str = "test") -> dict:
-    from climate_seg.detect_data import evaluation_samples, true_boxes
+    from climate_seg.detection.data import evaluation_samples, true_boxes
     from common.plots import plot_training_curves
 
     run_dir = pathlib.Path(run_dir)
@@ -143,3 +143,14 @@ def evaluate_detection(run_dir, cfg, model, split: str = "test") -> dict:
         plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png",
                              metrics=("loss", "detect_loss", "recon_loss"))
     return metrics
+
+
+def report(m: dict) -> list[str]:
+    """The lines the evaluation command prints."""
+    lines = [f"{m['split']} set, {m['n_images']} images, {m['n_true_boxes']} true and {m['n_predicted_boxes']} "
+             f"predicted boxes: mAP@0.1 {m['map']['iou_0.1']:.4f}, mAP@0.5 {m['map']['iou_0.5']:.4f}"]
+    lines += [f"  AP {key}: " + ", ".join(f"{name} {value:.4f}" for name, value in values.items())
+              for key, values in m["ap"].items()]
+    if m["absent_classes"]:
+        lines.append(f"  absent from the {m['split']} set (left out): {', '.join(m['absent_classes'])}")
+    return lines

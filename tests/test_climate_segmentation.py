@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from climate_seg.config import CHANNELS, CLASS_NAMES, ClimateConfig, DeeplabSection, SynthSection, TiramisuSection
-from climate_seg.convert import convert
-from climate_seg.data import build_datasets, class_weights, crop, downsample, evaluation_dataset, inspect_file
-from climate_seg.deeplab import build_deeplab
-from climate_seg.model import WeightedPixelCrossEntropy
-from climate_seg.stats import compute_stats, load_stats, write_stats
-from climate_seg.synth import generate_dataset
-from climate_seg.tiramisu import build_tiramisu
+from climate_seg.cam5.config import CHANNELS, CLASS_NAMES, SynthSection
+from climate_seg.cam5.convert import convert
+from climate_seg.cam5.stats import compute_stats, load_stats, write_stats
+from climate_seg.cam5.synth import generate_dataset
+from climate_seg.segmentation.config import ClimateConfig, DeeplabSection, TiramisuSection
+from climate_seg.segmentation.data import build_datasets, crop, downsample, evaluation_dataset, inspect_file
+from climate_seg.segmentation.deeplab import build_deeplab
+from climate_seg.segmentation.loss import WeightedPixelCrossEntropy, class_weights
+from climate_seg.segmentation.tiramisu import build_tiramisu
 from common.distributed import Distributed
 from common.errors import DataError
 from common.metrics import ConfusionMatrix, iou_from_confusion
@@ -199,7 +200,7 @@ def test_convert_rejects_bad_input_naming_file_and_variable(tmp_path, case, patt
         convert(inputs, tmp_path / "out")
     if case != "other_grid":
         assert not list((tmp_path / "out").glob("*.h5")), "a failing file must leave nothing behind"
-    result = run_python(["-m", "climate_seg.convert", "--input", *inputs, "--out", str(tmp_path / "cli")],
+    result = run_python(["-m", "climate_seg.cam5.convert", "--input", *inputs, "--out", str(tmp_path / "cli")],
                         check=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: ")
@@ -246,7 +247,7 @@ def test_stats_match_numpy(tiny_climate, tmp_path):
     np.testing.assert_allclose(stats["class_frequencies"], np.bincount(labels, minlength=3) / len(labels))
     # Two real ranks, each a share of the files: the same statistics.
     out = tmp_path / "stats2.h5"
-    run_python(["-m", "climate_seg.stats", str(tiny_climate / "train"), "--out", str(out)], ranks=2)
+    run_python(["-m", "climate_seg.cam5.stats", str(tiny_climate / "train"), "--out", str(out)], ranks=2)
     two = load_stats(out)
     for key in ("mean", "std", "min", "max", "class_frequencies"):
         np.testing.assert_allclose(two[key], stats[key], rtol=1e-10)

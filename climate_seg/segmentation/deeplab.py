@@ -34,7 +34,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from climate_seg.config import DeeplabSection
+from climate_seg.segmentation.config import DeeplabSection
 from common.layers import ByteDropout, DilatedConv2D, FusedBatchNormalization
 
 STEM_STRIDE = 4

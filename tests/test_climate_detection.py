@@ -8,11 +8,13 @@ import h5py
 import numpy as np
 import pytest
 
-from climate_seg.boxes import average_precision, decode, encode, iou, nms
-from climate_seg.config import EXTREMEWEATHER_CHANNELS, DetectConfig
-from climate_seg.detect_data import read_sample, split_samples
-from climate_seg.detect_model import DetectionLoss, ReconstructionLoss, build_detector
-from climate_seg.synth import detection_sample, grid_coordinates
+from climate_seg.cam5.config import EXTREMEWEATHER_CHANNELS
+from climate_seg.cam5.synth import detection_sample, grid_coordinates
+from climate_seg.detection.boxes import average_precision, decode, encode, iou, nms
+from climate_seg.detection.config import DetectConfig
+from climate_seg.detection.data import read_sample, split_samples
+from climate_seg.detection.loss import DetectionLoss, ReconstructionLoss
+from climate_seg.detection.model import build_detector
 from tests.conftest import run_python
 
 
@@ -282,7 +284,7 @@ def test_stats_tool_reads_extremeweather_files(tmp_path):
     for k, block in enumerate(images):
         with h5py.File(tmp_path / "train" / f"year{k}.h5", "w") as f:
             f["images"], f["boxes"] = block, np.full((len(block), 15, 5), -1.0, np.float32)
-    run_python(["-m", "climate_seg.stats", str(tmp_path / "train")])
+    run_python(["-m", "climate_seg.cam5.stats", str(tmp_path / "train")])
     pixels = np.concatenate([np.transpose(b, (0, 2, 3, 1)).reshape(-1, 16) for b in images]).astype(np.float64)
     with h5py.File(tmp_path / "stats.h5") as f:
         np.testing.assert_allclose(f["mean"][()], pixels.mean(axis=0), rtol=1e-10, atol=1e-12)

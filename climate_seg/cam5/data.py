@@ -1,0 +1,67 @@
+"""What both climate tasks' readers share: the splits, the file screening, where the statistics are, the
+per-channel normalisation they give, and the preparation of synthetic data and statistics."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+
+import numpy as np
+
+from climate_seg.cam5.stats import compute_stats, locate_stats, write_stats
+from common.data import list_files, screen_files
+from common.distributed import Distributed
+from common.errors import ConfigError
+from common.outputs import generated_folder
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation", "test")
+
+
+def screened_split(data, split: str, inspect, what: str, dist: Distributed | None,
+                   problems: list[str] | None) -> tuple[list[str], dict]:
+    """(good files of ``data_dir/split`` in name order, what ``inspect`` said of each); bad ones
+    appended to ``problems`` (or raised, with ``data.on_bad_file: fail``)."""
+    directory = pathlib.Path(data.data_dir) / split
+    files = list_files(directory, ("*.h5",), f"{what} {split}")
+    good, info, bad = screen_files(files, inspect, dist or Distributed(), data.on_bad_file, str(directory))
+    if problems is not None:
+        problems.extend(bad)
+    return good, info
+
+
+def stats_path(cfg) -> pathlib.Path:
+    """The dataset's statistics file (DeepCAM's and this suite's at the root, SC18's in train/)."""
+    return locate_stats(cfg.data.data_dir, cfg.data.stats_file)
+
+
+def normalizer(normalization: str, stats: dict, channels: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, scale) per channel (``channels``: which of the file's, in the network's order):
+    x -> (x - offset) / scale, for ``minmax`` or ``zscore``."""
+    index = slice(None) if channels is None else channels
+    if normalization == "zscore":
+        offset, scale = stats["mean"][index], stats["std"][index]
+    else:
+        offset, scale = stats["min"][index], stats["max"][index] - stats["min"][index]
+    return np.asarray(offset, np.float32), np.maximum(scale, 1e-12).astype(np.float32)
+
+
+def prepare(cfg, generate, what: str, stats_file: pathlib.Path, channels) -> None:
+    """Generate synthetic data into an absent or empty ``data.data_dir`` when asked, then the statistics
+    when missing (a new file beside the data, never over one).  ``generate(folder)`` fills a new folder."""
+    data = cfg.data
+    root = pathlib.Path(data.data_dir)
+    stats_name = stats_file.relative_to(root) if stats_file.is_relative_to(root) else None
+    if data.synth.generate_if_missing and not any((root / "train").glob("*.h5")):
+        if tuple(data.synth.grid) != tuple(data.grid):
+            raise ConfigError(f"data.synth.grid {list(data.synth.grid)} must equal data.grid {list(data.grid)}")
+        with generated_folder(root, "climate data (train/, validation/, test/ of *.h5 files)") as work:
+            generate(work)
+            if stats_name is not None:
+                write_stats(work / stats_name, compute_stats(list_files(work / "train", ("*.h5",), f"{what} train")),
+                            channels)
+        log.info(f"generated synthetic {what} in {root}/{{{','.join(SPLITS)}}}")
+    if (root / "train").is_dir() and not stats_file.is_file():
+        write_stats(stats_file, compute_stats(list_files(root / "train", ("*.h5",), f"{what} train")), channels)
+        log.info(f"computed channel statistics into {stats_file}")

@@ -1,0 +1,1 @@
+"""Semi-supervised detection: boxes around four kinds of weather events (SC17, ExtremeWeather)."""

@@ -1,0 +1,38 @@
+"""Logging, configured once per process, rank-aware.
+
+Rank 0 logs at INFO, every other rank at WARNING and above, all to stdout
+(where SLURM and horovodrun collect a rank's output).  With several ranks each
+line starts with ``[rank/size]``; warnings and errors say so.  ``print`` is
+left to a command's own result (a table, a JSON line, a one-line error).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+# The packages whose loggers this configures.
+PACKAGES = ("common", "cosmoflow", "climate_seg", "hep_cnn")
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            message = f"{record.levelname.lower()}: {message}"
+        return self.prefix + message
+
+
+def configure(rank: int = 0, size: int = 1, stream=None) -> None:
+    """(Re)configure the suite's loggers for this process's rank."""
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(_Formatter(f"[{rank}/{size}] " if size > 1 else ""))
+    for name in PACKAGES:
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+        logger.propagate = False
