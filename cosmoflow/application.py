@@ -1,4 +1,4 @@
-"""What CosmoFlow gives the engine: its :class:`~common.trainer.Application` declaration(s)."""
+"""What CosmoFlow gives the engine: its :class:`~common.trainer.Application`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pathlib
 from common.trainer import Application, MlperfSpec
 from cosmoflow.config import CosmoflowConfig
 from cosmoflow.data import build_datasets, check_data
+from cosmoflow.loss import build_loss
 from cosmoflow.mock import ensure_mock_data
 from cosmoflow.model import build_model
 
@@ -30,7 +31,7 @@ APPLICATION = Application(
     config_schema=CosmoflowConfig,
     build_model=build_model,
     build_datasets=build_datasets,
-    loss=lambda cfg: "mse",
+    loss=build_loss,
     metrics=lambda cfg: ["mae"],
     default_config=REPO_ROOT / "configs" / "cosmoflow" / "demo.yaml",
     prepare_data=_prepare_data,

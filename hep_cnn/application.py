@@ -1,15 +1,14 @@
-"""What the HEP CNN gives the engine: its :class:`~common.trainer.Application` declaration(s)."""
+"""What the HEP CNN gives the engine: its :class:`~common.trainer.Application`."""
 
 from __future__ import annotations
 
 import logging
 import pathlib
 
-import keras
-
 from common.trainer import Application
 from hep_cnn.config import HepConfig
 from hep_cnn.data import build_datasets, check_data, maxima_path
+from hep_cnn.loss import build_loss
 from hep_cnn.maxima import write_maxima
 from hep_cnn.model import build_model
 from hep_cnn.synth import dataset_present, generate_dataset
@@ -32,18 +31,12 @@ def _prepare_data(cfg: HepConfig) -> None:
         log.info(f"computed training-set maxima {maxima['channel_max']} into {maxima_path(cfg)}")
 
 
-def _loss(cfg: HepConfig):
-    if cfg.model.output == "softmax":
-        return keras.losses.SparseCategoricalCrossentropy()
-    return keras.losses.BinaryCrossentropy()
-
-
 APPLICATION = Application(
     name="hep_cnn",
     config_schema=HepConfig,
     build_model=build_model,
     build_datasets=build_datasets,
-    loss=_loss,
+    loss=build_loss,
     metrics=lambda cfg: ["accuracy"],
     default_config=REPO_ROOT / "configs" / "hep_cnn" / "demo.yaml",
     prepare_data=_prepare_data,

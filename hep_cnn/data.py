@@ -31,6 +31,7 @@ from common.data import Datasets, epoch_seed, list_files, screen_files, select_c
 from common.distributed import Distributed
 from common.errors import DataError
 from hep_cnn.config import HepConfig
+from hep_cnn.loss import training_example
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPLIT_NAMES = {"train": ("train",), "validation": ("val",), "test": ("test",)}
@@ -241,21 +242,13 @@ def augment(image, seed):
 
 def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed) -> tf.data.Dataset:
     data = cfg.data
-    as_float = cfg.model.output == "sigmoid"
-
-    def to_example(image, label, weight, _pass_sr):
-        target = tf.cast(label, tf.float32)[None] if as_float else label
-        if cfg.loss.weighted:
-            return image, target, weight
-        return image, target
-
     if training and data.shuffle_buffer:
         events = events.shuffle(data.shuffle_buffer, seed=seed)
     if training and data.augment:
         seeds = tf.data.Dataset.random(seed=seed + 1).batch(2)
         events = tf.data.Dataset.zip((events, seeds)).map(
             lambda e, s: (augment(e[0], s), *e[1:]), num_parallel_calls=AUTOTUNE)
-    return events.map(to_example, num_parallel_calls=AUTOTUNE).batch(data.batch_size, drop_remainder=True)
+    return events.map(training_example(cfg), num_parallel_calls=AUTOTUNE).batch(data.batch_size, drop_remainder=True)
 
 
 def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
