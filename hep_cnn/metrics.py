@@ -1,36 +1,25 @@
-"""Weighted ROC, AUC and the comparison with the cut-based selection.
-
-The ROC is built by sorting events by score (descending), grouping tied
-scores, and accumulating signal and background weights; AUC is the
-trapezoid area under it.  Tested against scikit-learn.
-"""
+"""Weighted ROC, AUC (scikit-learn's) and the comparison with the cut-based selection."""
 
 from __future__ import annotations
 
 import numpy as np
+from sklearn import metrics as sklearn_metrics
 
 
 def weighted_roc(scores, labels, weights=None):
-    """(fpr, tpr, thresholds), starting at (0, 0) with threshold +inf."""
-    scores = np.asarray(scores, np.float64)
-    labels = np.asarray(labels).astype(bool)
-    weights = np.ones_like(scores) if weights is None else np.asarray(weights, np.float64)
-    order = np.argsort(-scores, kind="mergesort")
-    scores, labels, weights = scores[order], labels[order], weights[order]
-    signal = np.cumsum(weights * labels)
-    background = np.cumsum(weights * ~labels)
-    last_of_group = np.r_[np.flatnonzero(np.diff(scores)), len(scores) - 1]
-    total_signal, total_background = signal[-1], background[-1]
-    if total_signal <= 0 or total_background <= 0:
+    """(fpr, tpr, thresholds) over every distinct score, from (0, 0) at threshold +inf, event-weighted."""
+    labels = np.asarray(labels).astype(int)
+    weights = None if weights is None else np.asarray(weights, np.float64)
+    signal = np.sum(labels if weights is None else weights * labels)
+    background = np.sum((1 - labels) if weights is None else weights * (1 - labels))
+    if signal <= 0 or background <= 0:
         raise ValueError("the ROC needs both signal and background events with positive weight")
-    tpr = np.r_[0.0, signal[last_of_group] / total_signal]
-    fpr = np.r_[0.0, background[last_of_group] / total_background]
-    thresholds = np.r_[np.inf, scores[last_of_group]]
-    return fpr, tpr, thresholds
+    return sklearn_metrics.roc_curve(labels, np.asarray(scores, np.float64), sample_weight=weights,
+                                     drop_intermediate=False)
 
 
 def auc(fpr, tpr) -> float:
-    return float(np.trapezoid(tpr, fpr))
+    return float(sklearn_metrics.auc(fpr, tpr))
 
 
 def selection_rates(passed, labels, weights=None):
