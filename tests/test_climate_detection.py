@@ -73,6 +73,27 @@ def test_iou_and_nms():
     np.testing.assert_allclose(iou(a, a)[0], [1.0, 50 / 150, 0.0])
     assert nms(a, np.array([0.9, 0.8, 0.7]), 0.3).tolist() == [0, 2]
     assert nms(a, np.array([0.9, 0.8, 0.7]), 0.5).tolist() == [0, 1, 2]
+    assert nms(np.zeros((0, 4)), np.zeros(0), 0.5).tolist() == []
+
+
+def greedy_nms(boxes, scores, iou_threshold):
+    """The textbook loop: keep the best, drop what overlaps it by more than the threshold, repeat."""
+    order, keep = list(np.argsort(-scores)), []
+    while order:
+        best, order = order[0], order[1:]
+        keep.append(best)
+        order = [k for k in order if iou(boxes[best], boxes[k])[0, 0] <= iou_threshold]
+    return keep
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_nms_equals_the_greedy_loop(seed):
+    rng = np.random.default_rng(seed)
+    corners = rng.uniform(0, 64, (200, 2))
+    boxes = np.concatenate([corners, corners + rng.uniform(4, 24, (200, 2))], axis=1)
+    scores = rng.permutation(200) / 200.0   # distinct scores: one order for both
+    for threshold in (0.1, 0.3, 0.5):
+        assert nms(boxes, scores, threshold).tolist() == greedy_nms(boxes, scores, threshold)
 
 
 # -- loss -------------------------------------------------------------------------------------

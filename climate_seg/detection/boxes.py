@@ -1,4 +1,4 @@
-"""Boxes for extreme-weather detection: the one-box-per-cell encoding, IoU, NMS and average precision.
+"""Boxes for extreme-weather detection: the one-box-per-cell encoding, IoU, NMS (TensorFlow's) and average precision.
 
 Boxes are (ymin, xmin, ymax, xmax) in pixels of the network input, with a
 class index 0-3 (:data:`DETECTION_CLASSES`).  A grid of cells of ``cell``
@@ -11,6 +11,7 @@ are representable.
 from __future__ import annotations
 
 import numpy as np
+import tensorflow as tf
 
 DETECTION_CLASSES = ("tropical_depression", "tropical_cyclone", "extratropical_cyclone", "atmospheric_river")
 # Per-cell target layout: objectness, class, x, y, log2 w, log2 h.
@@ -60,15 +61,12 @@ def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
-    """Indices kept by greedy non-maximum suppression, highest score first."""
-    order = np.argsort(-np.asarray(scores), kind="stable")
-    keep = []
-    while order.size:
-        best = order[0]
-        keep.append(best)
-        overlaps = iou(boxes[best][None], boxes[order[1:]])[0]
-        order = order[1:][overlaps <= iou_threshold]
-    return np.asarray(keep, np.int64)
+    """Indices kept by greedy non-maximum suppression (TensorFlow's), highest score first; a box is
+    suppressed when its IoU with a kept one exceeds ``iou_threshold``."""
+    boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
+    keep = tf.image.non_max_suppression(boxes, np.asarray(scores, np.float32), max_output_size=len(boxes),
+                                        iou_threshold=iou_threshold)
+    return keep.numpy().astype(np.int64)
 
 
 def detections(objectness: np.ndarray, class_probs: np.ndarray, xy: np.ndarray, log_wh: np.ndarray, cell: int,
