@@ -50,8 +50,11 @@ import math
 import pathlib
 import sys
 
-import yaml
+from typing import Literal
 
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+from common.config import Section, read_yaml, validate
 from common.errors import ConfigError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -60,23 +63,33 @@ PUBLISHED = REPO_ROOT / "configs" / "scaling" / "published.yaml"
 BACKWARD_SHARE = 2.0 / 3.0   # of a training step (forward 1, backward 2, in the 3 x forward convention)
 
 
-@dataclasses.dataclass(frozen=True)
-class System:
+class Network(Section):
+    latency_s: NonNegativeFloat = Field(description="MPI point-to-point latency between nodes")
+    node_bandwidth_Bps: PositiveFloat = Field(description="achievable per-node injection bandwidth")
+    intra_node_latency_s: NonNegativeFloat
+    intra_node_bandwidth_Bps: PositiveFloat
+
+
+class Storage(Section):
+    node_local_read_Bps: PositiveFloat = Field(description="node-local read bandwidth (staged data)")
+    pfs_per_node_read_Bps: PositiveFloat
+    pfs_aggregate_read_Bps: PositiveFloat
+
+
+class System(Section):
+    """One ``configs/systems/<name>.yaml``: the machine figures the model needs, each with its source."""
+
     name: str
-    ranks_per_node: int
-    peak_tflops_per_rank: dict
-    sustained_fraction: float
-    latency_s: float
-    node_bandwidth_Bps: float
-    intra_node_latency_s: float
-    intra_node_bandwidth_Bps: float
-    node_local_read_Bps: float
-    pfs_per_node_read_Bps: float
-    pfs_aggregate_read_Bps: float
-    step_jitter_fraction: float
-    overlap: float = 0.8
-    algorithm: str = "auto"
-    sources: dict = dataclasses.field(default_factory=dict)
+    description: str = ""
+    ranks_per_node: PositiveInt
+    peak_tflops_per_rank: dict[Literal["fp32", "mixed_float16", "mixed_bfloat16"], PositiveFloat]
+    sustained_fraction: float = Field(gt=0.0, le=1.0, description="of peak, for projections without a measured rate")
+    network: Network
+    storage: Storage
+    step_jitter_fraction: NonNegativeFloat
+    overlap: float = Field(0.8, ge=0.0, le=1.0, description="share of back-propagation the allreduce can hide under")
+    algorithm: Literal["auto", "ring", "tree"] = "auto"
+    sources: dict[str, str] = {}
 
 
 def available_systems() -> list[str]:
@@ -90,23 +103,7 @@ def load_system(name_or_path: str) -> System:
     if not path.is_file():
         raise ConfigError(f"--system {name_or_path}: unknown; known systems: {', '.join(available_systems())} "
                           f"(or a YAML file)")
-    raw = yaml.safe_load(path.read_text())
-    try:
-        network, storage = raw["network"], raw["storage"]
-        return System(name=raw["name"], ranks_per_node=int(raw["ranks_per_node"]),
-                      peak_tflops_per_rank=dict(raw["peak_tflops_per_rank"]),
-                      sustained_fraction=float(raw["sustained_fraction"]),
-                      latency_s=float(network["latency_s"]), node_bandwidth_Bps=float(network["node_bandwidth_Bps"]),
-                      intra_node_latency_s=float(network["intra_node_latency_s"]),
-                      intra_node_bandwidth_Bps=float(network["intra_node_bandwidth_Bps"]),
-                      node_local_read_Bps=float(storage["node_local_read_Bps"]),
-                      pfs_per_node_read_Bps=float(storage["pfs_per_node_read_Bps"]),
-                      pfs_aggregate_read_Bps=float(storage["pfs_aggregate_read_Bps"]),
-                      step_jitter_fraction=float(raw["step_jitter_fraction"]),
-                      overlap=float(raw.get("overlap", 0.8)), algorithm=raw.get("algorithm", "auto"),
-                      sources=raw.get("sources", {}))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: missing or malformed system key ({exc})") from None
+    return validate(System, read_yaml(path), str(path))
 
 
 def allreduce_time(n_bytes: float, participants: int, latency_s: float, bandwidth_Bps: float,
@@ -146,9 +143,9 @@ def communication_time(work: Workload, system: System, nodes: int) -> float:
         return 0.0
     buffers = max(1, math.ceil(total / work.fusion_threshold_bytes))
     per_buffer = total / buffers
-    intra = allreduce_time(per_buffer, r, system.intra_node_latency_s, system.intra_node_bandwidth_Bps, "ring")
-    inter = allreduce_time(per_buffer / r, nodes, system.latency_s, system.node_bandwidth_Bps / r, system.algorithm)
-    negotiation = 2 * math.ceil(math.log2(nodes * r)) * system.latency_s
+    intra = allreduce_time(per_buffer, r, system.network.intra_node_latency_s, system.network.intra_node_bandwidth_Bps, "ring")
+    inter = allreduce_time(per_buffer / r, nodes, system.network.latency_s, system.network.node_bandwidth_Bps / r, system.algorithm)
+    negotiation = 2 * math.ceil(math.log2(nodes * r)) * system.network.latency_s
     return buffers * (intra + inter + negotiation)
 
 
@@ -171,17 +168,17 @@ def project(work: Workload, system: System, nodes: int) -> dict:
     jitter = system.step_jitter_fraction / (math.sqrt(2.0) if work.gradient_lag else 1.0)
     stragglers = jitter * t_compute * math.sqrt(2.0 * math.log(nodes)) if nodes > 1 else 0.0
     if work.staged:
-        read_Bps = system.node_local_read_Bps
+        read_Bps = system.storage.node_local_read_Bps
     else:
-        read_Bps = min(system.pfs_per_node_read_Bps, system.pfs_aggregate_read_Bps / nodes)
+        read_Bps = min(system.storage.pfs_per_node_read_Bps, system.storage.pfs_aggregate_read_Bps / nodes)
     t_io = work.local_batch * system.ranks_per_node * work.sample_bytes / read_Bps
     step = max(t_compute + exposed + stragglers, t_io)
     out = {"nodes": nodes, "ranks": ranks, "global_batch_size": ranks * work.local_batch, "step_time_s": step,
            "compute_s": t_compute, "allreduce_s": t_comm, "exposed_allreduce_s": exposed,
            "stragglers_s": stragglers, "io_s": t_io, "samples_per_second": ranks * work.local_batch / step}
     if work.dataset_bytes:
-        out["staging_time_s"] = work.dataset_bytes / min(nodes * system.pfs_per_node_read_Bps,
-                                                         system.pfs_aggregate_read_Bps)
+        out["staging_time_s"] = work.dataset_bytes / min(nodes * system.storage.pfs_per_node_read_Bps,
+                                                         system.storage.pfs_aggregate_read_Bps)
     return out
 
 
@@ -234,23 +231,46 @@ def rate_from_json(path: str) -> float:
 
 # -- the published points ---------------------------------------------------------------------------
 
+class PublishedWorkload(Section):
+    parameters: PositiveFloat
+    training_flops_per_sample: PositiveFloat
+    local_batch: PositiveInt
+    gradient_bytes: PositiveInt = 4
+    sample_bytes: NonNegativeFloat
+    rank_samples_per_second: PositiveFloat
+    gradient_lag: bool = False
+    staged: bool = True
+    fusion_threshold_mb: PositiveFloat = 128.0
+
+
+class PublishedPoint(Section):
+    name: str
+    system: str
+    nodes: PositiveInt
+    published_efficiency: float = Field(gt=0.0, le=1.0)
+    workload: PublishedWorkload
+    basis: str = Field(min_length=1, description="where each input comes from")
+
+
+class PublishedPoints(Section):
+    points: list[PublishedPoint]
+
+
 def published_points() -> list[dict]:
     """Each published point with the model's efficiency for it (inputs in configs/scaling/published.yaml)."""
     out = []
-    for point in yaml.safe_load(PUBLISHED.read_text())["points"]:
-        system = load_system(point["system"])
-        w = point["workload"]
-        work = Workload(parameters=int(float(w["parameters"])),
-                        training_flops_per_sample=float(w["training_flops_per_sample"]),
-                        local_batch=int(w["local_batch"]), gradient_bytes_per_parameter=int(w["gradient_bytes"]),
-                        sample_bytes=float(w["sample_bytes"]),
-                        rank_samples_per_second=float(w["rank_samples_per_second"]),
-                        gradient_lag=bool(w.get("gradient_lag", False)), staged=bool(w.get("staged", True)),
-                        fusion_threshold_bytes=float(w.get("fusion_threshold_mb", 128)) * 2 ** 20)
-        row = scaling_table(work, system, [point["nodes"]])[0]
-        out.append({"name": point["name"], "system": system.name, "nodes": point["nodes"],
-                    "published_efficiency": point["published_efficiency"], "model_efficiency": row["efficiency"],
-                    "difference_points": 100 * (row["efficiency"] - point["published_efficiency"]),
+    for point in validate(PublishedPoints, read_yaml(PUBLISHED), str(PUBLISHED)).points:
+        system = load_system(point.system)
+        w = point.workload
+        work = Workload(parameters=int(w.parameters), training_flops_per_sample=w.training_flops_per_sample,
+                        local_batch=w.local_batch, gradient_bytes_per_parameter=w.gradient_bytes,
+                        sample_bytes=w.sample_bytes, rank_samples_per_second=w.rank_samples_per_second,
+                        gradient_lag=w.gradient_lag, staged=w.staged,
+                        fusion_threshold_bytes=w.fusion_threshold_mb * 2 ** 20)
+        row = scaling_table(work, system, [point.nodes])[0]
+        out.append({"name": point.name, "system": system.name, "nodes": point.nodes,
+                    "published_efficiency": point.published_efficiency, "model_efficiency": row["efficiency"],
+                    "difference_points": 100 * (row["efficiency"] - point.published_efficiency),
                     "step_time_s": row["step_time_s"], "exposed_allreduce_s": row["exposed_allreduce_s"],
                     "stragglers_s": row["stragglers_s"]})
     return out

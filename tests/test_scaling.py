@@ -8,6 +8,7 @@ import math
 import pytest
 import yaml
 
+from common.errors import ConfigError
 from common.scaling import (SYSTEMS_DIR, System, Workload, allreduce_time, communication_time, load_system,
                             project, published_points)
 from tests.conftest import run_python
@@ -24,10 +25,10 @@ def test_allreduce_costs_by_hand():
 
 
 def system(**changes) -> System:
+    network = dict(latency_s=1e-6, node_bandwidth_Bps=1e9, intra_node_latency_s=0.0, intra_node_bandwidth_Bps=1e10)
+    storage = dict(node_local_read_Bps=1e9, pfs_per_node_read_Bps=1e8, pfs_aggregate_read_Bps=1e9)
     base = dict(name="toy", ranks_per_node=2, peak_tflops_per_rank={"fp32": 1.0}, sustained_fraction=0.5,
-                latency_s=1e-6, node_bandwidth_Bps=1e9, intra_node_latency_s=0.0, intra_node_bandwidth_Bps=1e10,
-                node_local_read_Bps=1e9, pfs_per_node_read_Bps=1e8, pfs_aggregate_read_Bps=1e9,
-                step_jitter_fraction=0.0, overlap=0.0, algorithm="tree")
+                network=network, storage=storage, step_jitter_fraction=0.0, overlap=0.0, algorithm="tree")
     return System(**{**base, **changes})
 
 
@@ -68,7 +69,7 @@ def test_every_system_file_loads_and_cites_its_figures():
         raw = yaml.safe_load((SYSTEMS_DIR / f"{name}.yaml").read_text())
         for key in ("peak_tflops_per_rank", "node_bandwidth_Bps", "step_jitter_fraction", "sustained_fraction"):
             assert key in raw["sources"], (name, key)
-        assert loaded.ranks_per_node >= 1 and loaded.node_bandwidth_Bps > 0
+        assert loaded.ranks_per_node >= 1 and loaded.network.node_bandwidth_Bps > 0
 
 
 def test_cli_json_contract_and_png(tmp_path):
@@ -86,3 +87,19 @@ def test_cli_json_contract_and_png(tmp_path):
     bad = run_python(["-m", "common.scaling", "--config", "configs/cosmoflow/demo.yaml", "--system", "nowhere"],
                      check=False)
     assert bad.returncode == 2 and "nowhere: unknown; known systems: cori-knl" in bad.stderr
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda raw: raw["network"].pop("latency_s"), "missing required key 'network.latency_s'"),
+    (lambda raw: raw.update(sustained_fraction=1.5), "key 'sustained_fraction': Input should be less than or equal"),
+    (lambda raw: raw["storage"].update(node_local_read_Bps="fast"), "key 'storage.node_local_read_Bps'"),
+    (lambda raw: raw.update(algoritm="ring"), "unknown key 'algoritm'"),
+    (lambda raw: raw["peak_tflops_per_rank"].update(fp64=1.0), "peak_tflops_per_rank.fp64"),
+])
+def test_a_bad_system_file_is_named_with_its_key(tmp_path, edit, message):
+    raw = yaml.safe_load((SYSTEMS_DIR / "summit.yaml").read_text())
+    edit(raw)
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=f"^{path}: .*" + message.replace("(", r"\(").replace(".", r"\.")):
+        load_system(str(path))
