@@ -23,13 +23,11 @@ def evaluate(run_dir, split: str = "test", data_dir: str | None = None) -> dict:
     run_dir = pathlib.Path(run_dir)
     config = run_dir / "config.yaml"
     if config.is_file() and read_yaml(config).get("task") == "detection":
-        import climate_seg.detection.loss  # noqa: F401  (registers the losses for loading)
         from climate_seg.detection.config import DetectConfig
         from climate_seg.detection.evaluate import evaluate_detection
 
         cfg, model = load_run(run_dir, DetectConfig, data_dir)
         return evaluate_detection(run_dir, cfg, model, split)
-    import climate_seg.segmentation.loss  # noqa: F401  (registers the loss for loading)
     from climate_seg.segmentation.config import ClimateConfig
     from climate_seg.segmentation.evaluate import evaluate as evaluate_segmentation
 

@@ -111,7 +111,6 @@ class Throughput(keras.callbacks.Callback):
         self.training_flops_per_sample = TRAINING_FLOPS_FACTOR * forward_flops_per_sample
         self.peak_flops_total = peak_flops_total
         self.warmup_steps = warmup_steps
-        self.epochs: list[dict] = []
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.perf_counter()

@@ -12,7 +12,6 @@ Exit codes (documented in the README; the SLURM scripts requeue on 75):
 ====  ==================================================================
 """
 
-EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 3

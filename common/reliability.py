@@ -62,9 +62,6 @@ class Watchdog:
         self._last = time.monotonic()
         self._armed = True
 
-    def pause(self):
-        self._armed = False
-
     def stop(self):
         self._stopped.set()
 

@@ -333,10 +333,10 @@ def main(argv=None) -> int:
             raise ConfigError("--config and --system are required (or --published)")
         try:
             node_counts = sorted({int(n) for n in args.nodes.split(",") if n.strip()})
-            assert node_counts and node_counts[0] >= 1
-        except (ValueError, AssertionError):
-            raise ConfigError(f"--nodes {args.nodes!r}: expected a comma-separated list of positive integers") \
-                from None
+        except ValueError:
+            node_counts = []
+        if not node_counts or node_counts[0] < 1:
+            raise ConfigError(f"--nodes {args.nodes!r}: expected a comma-separated list of positive integers")
         rate = args.samples_per_second or (rate_from_json(args.rate_from) if args.rate_from else None)
         system = load_system(args.system)
         work = workload_from_config(args.config, args.set, rate, args.dataset_bytes, args.sample_bytes)

@@ -118,8 +118,6 @@ def test_fused_batch_norm_runs_the_fused_kernel_and_falls_back_where_it_cannot()
 
 
 def test_models_with_the_layers_save_and_load(tmp_path):
-    import common.runs  # noqa: F401  (what the evaluation entry points import before loading)
-
     inputs = keras.Input((12, 12, 3))
     x = DilatedConv2D(5, 3, dilation_rate=2, padding="same", name="atrous")(inputs)
     x = FusedBatchNormalization(momentum=0.7, name="bn")(x)
