@@ -5,18 +5,15 @@ trains batch norm as separate ops (cast to float32, moments, normalise, and
 their gradients: Mean, SquaredDifference, Tile, Sum, Mul...); on TensorFlow
 this layer runs one FusedBatchNormV3 kernel forward and one backward, with the
 same statistics (the moving variance gets the same biased batch variance Keras
-uses).  Measured here on a 1x192x288x256 activation, forward + backward: bf16
-43.7 ms fused vs 115.3 ms Keras, fp32 42.9 vs 97.6 ms.  5D inputs are folded
-to 4D (the statistics are per channel over all other axes either way).
+uses); the README's Performance section has the measured difference.  5D
+inputs are folded to 4D (the statistics are per channel over all other axes either way).
 Masks, renorm, synchronized statistics and other backends take Keras's path.
 
 ``DilatedConv2D`` is ``keras.layers.Conv2D``.  On TensorFlow, Keras calls
 ``tf.nn.convolution``, which runs a dilated convolution as SpaceToBatchND +
 dense convolution + BatchToSpaceND; oneDNN (CPU) and cuDNN (GPU) have native
-dilated kernels that ``tf.nn.conv2d`` reaches directly.  Measured here (2-core
-Zen 4, bf16, one 3x3 2048->256 convolution, forward + both gradients): rate 36
-on a 96x144 map 0.95 s native vs 2.50 s space-to-batch; rate 12 1.16 vs 1.36 s;
-rate 36 on a 24x36 map 0.055 vs 1.08 s.  Other backends, strided
+dilated kernels that ``tf.nn.conv2d`` reaches directly (measured in the
+README's Performance section).  Other backends, strided
 convolutions (which TensorFlow cannot dilate) and CPUs running TensorFlow's
 Eigen kernels (oneDNN off: ``TF_ENABLE_ONEDNN_OPTS=0``, a build without
 oneDNN, aarch64), which have no gradient for a dilated ``tf.nn.conv2d``

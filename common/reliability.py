@@ -1,6 +1,6 @@
 """Surviving long runs: preemption signals, NaN/Inf losses and dead ranks.
 
-- :class:`StopRequest` turns SIGTERM/SIGUSR1 (SLURM's warning signal) into a
+- :class:`common.preemption.StopRequest` turns SIGTERM/SIGUSR1 (SLURM's warning signal) into a
   flag.  The flag travels in the allreduce of every training step
   (``TrainingModel.train_step``), so all ranks learn of a stop requested on
   any of them within one step, and stop at the same step boundary.
