@@ -457,6 +457,16 @@ def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple
     return dataset.prefetch(AUTOTUNE), used
 
 
+def raw_samples(cfg: CosmoflowConfig, split: str = "validation"):
+    """Every sample of a split as stored (the volume before normalisation, its selected targets), in file
+    order, as numpy arrays (for analyses outside the network: ``cosmoflow.information``)."""
+    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed())
+    targets = targets_transform(cfg, layout)
+    records = _records(cfg, files, index, Distributed(), cfg.train.seed, False, layout).take(used)
+    for x, y, _ in records:
+        yield x.numpy(), targets(y).numpy()
+
+
 def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
     """All normalised targets of a split (for baselines), selected as configured."""
     files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed())

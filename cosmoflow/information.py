@@ -1,0 +1,213 @@
+"""How well one volume can determine each parameter: the bound a CosmoFlow result is read against.
+
+Two estimates, for a config's volumes:
+
+- **Linear-theory Fisher bound** (:func:`linear_fisher`): the Gaussian initial
+  field of the mock, P(k) from colossus at z = 0, every Fourier mode of the
+  box up to ``k_max`` (default: the grid's Nyquist), shot noise of the
+  particle lattice.  F_ij = sum_k N_k / 2 (dP/di)(dP/dj) / (P + noise)^2;
+  the marginalised errors are sqrt(diag F^-1).  Errors are turned into the
+  validation MAE of the best estimator in the normalised targets (uniform prior
+  over the configured range, :func:`posterior_mean_mae`), comparable with a
+  trained network's MAE and the training-mean baseline (0.5 for a uniform
+  target).  ``--known Omega_m`` fixes a parameter (the four redshifts carry
+  the growth factor, which depends on Omega_m alone in flat LCDM).  The
+  Zel'dovich output at z = 0 is not Gaussian: its small scales carry more (the
+  damping of P(k) by the displacement variance, an integral over the whole
+  spectrum), so this is a guide for the initial field, not a ceiling on a
+  network.
+- **Regression on binned P(k)** (:func:`spectrum_regression`): log P(k) of
+  every redshift channel of the stored volumes (mock or real, any layout the
+  reader takes), ridge regression fitted on train/ and scored on
+  validation/.  What a two-point statistic gets from exactly the data the
+  network sees: a network that does worse has not learned what the data
+  holds.
+
+    python -m cosmoflow.information --config configs/cosmoflow/science.yaml [--json out.json]
+    python -m cosmoflow.information --config configs/cosmoflow/demo.yaml --fisher-only --known Omega_m
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from cosmoflow.config import TARGET_NAMES
+
+FISHER_STEPS = {"Omega_m": 0.005, "sigma_8": 0.005, "n_s": 0.005, "H0": 0.5}
+
+
+def fiducial(mock) -> np.ndarray:
+    """The centre of the configured parameter ranges (Omega_m, sigma_8, n_s, H0)."""
+    from cosmoflow.mock import parameter_ranges
+
+    return np.array([(lo + hi) / 2 for lo, hi in parameter_ranges(mock)])
+
+
+def mode_counts(grid: int, box_size: float, k_max: float | None = None, n_bins: int = 64):
+    """(k centres, number of Fourier modes) of an grid^3 box up to ``k_max``, counting k and -k apart."""
+    from cosmoflow.mock import wavenumbers
+
+    k, _ = wavenumbers(grid, box_size)
+    weight = np.full(k.shape, 2.0)   # rfft keeps one of each +-k pair, except on its first and last planes
+    weight[..., 0] = 1.0
+    if grid % 2 == 0:
+        weight[..., -1] = 1.0
+    k_max = np.pi * grid / box_size if k_max is None else k_max
+    keep = (k > 0) & (k <= k_max)
+    k, weight = k[keep], weight[keep]
+    edges = np.linspace(k.min() * (1 - 1e-9), k.max() * (1 + 1e-9), n_bins + 1)
+    index = np.digitize(k, edges) - 1
+    counts = np.bincount(index, weights=weight, minlength=n_bins)
+    centres = np.bincount(index, weights=weight * k, minlength=n_bins) / np.maximum(counts, 1)
+    used = counts > 0
+    return centres[used], counts[used]
+
+
+def linear_fisher(mock, grid: int, k_max: float | None = None, theta=None) -> np.ndarray:
+    """4x4 Fisher matrix of (Omega_m, sigma_8, n_s, H0) from one grid^3 volume of the mock's initial field."""
+    from cosmoflow.mock import cosmology_for
+
+    theta = fiducial(mock) if theta is None else np.asarray(theta, float)
+    box = mock.box_size_mpc_h
+    k, n_modes = mode_counts(grid, box, k_max)
+    noise = (box / (grid * mock.particles_per_voxel_side)) ** 3   # Poisson: one particle per lattice site
+
+    def spectrum(t):
+        return cosmology_for(t).matterPowerSpectrum(k, z=0.0)
+
+    power = spectrum(theta)
+    derivatives = []
+    for i, name in enumerate(TARGET_NAMES):
+        step = np.zeros(4)
+        step[i] = FISHER_STEPS[name]
+        derivatives.append((spectrum(theta + step) - spectrum(theta - step)) / (2 * step[i]))
+    derivatives = np.array(derivatives)
+    return np.einsum("ik,jk,k->ij", derivatives, derivatives, n_modes / 2 / (power + noise) ** 2)
+
+
+def marginal_errors(fisher: np.ndarray, known: tuple[str, ...] = ()) -> dict[str, float]:
+    """sqrt(diag F^-1) over the parameters not ``known`` (those are held fixed)."""
+    free = [i for i, name in enumerate(TARGET_NAMES) if name not in known]
+    covariance = np.linalg.inv(fisher[np.ix_(free, free)])
+    return {TARGET_NAMES[i]: float(np.sqrt(covariance[j, j])) for j, i in enumerate(free)}
+
+
+def posterior_mean_mae(sigma: float, samples: int = 200_000, seed: int = 0) -> float:
+    """MAE of the posterior mean of t ~ U[-1, 1] observed as t + N(0, sigma^2): the best validation MAE
+    a Gaussian measurement of that error gives in the normalised targets (-> 0.5 as sigma grows)."""
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(seed)
+    truth = rng.uniform(-1.0, 1.0, samples)
+    observed = truth + sigma * rng.standard_normal(samples)
+    a, b = (-1.0 - observed) / sigma, (1.0 - observed) / sigma
+    mass = np.maximum(norm.cdf(b) - norm.cdf(a), 1e-300)
+    estimate = observed + sigma * (norm.pdf(a) - norm.pdf(b)) / mass   # mean of the truncated normal
+    return float(np.mean(np.abs(estimate - truth)))
+
+
+def fisher_report(cfg, k_max: float | None = None, known: tuple[str, ...] = ()) -> dict:
+    """Per target: the Fisher error (physical and normalised) and the MAE it allows."""
+    from cosmoflow.mock import parameter_ranges
+
+    mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
+    errors = marginal_errors(linear_fisher(mock, grid, k_max), known)
+    out = {}
+    for name, (lo, hi) in zip(TARGET_NAMES, parameter_ranges(mock)):
+        if name in errors:
+            normalised = 2.0 * errors[name] / (hi - lo)
+            out[name] = {"sigma": errors[name], "sigma_normalised": normalised,
+                         "best_mae": posterior_mean_mae(normalised)}
+    return out
+
+
+# -- the regression on measured spectra ------------------------------------------------------------
+
+def spectrum_features(volume: np.ndarray, box_size: float, n_bins: int = 8) -> np.ndarray:
+    """log P(k) of each channel's overdensity (counts / mean - 1) in ``n_bins`` linear k bins."""
+    from cosmoflow.mock import measure_power_spectrum
+
+    features = []
+    for channel in range(volume.shape[-1]):
+        counts = np.asarray(volume[..., channel], np.float64)
+        _, power, _ = measure_power_spectrum(counts / max(counts.mean(), 1e-12) - 1.0, box_size, n_bins)
+        features.append(np.log(np.maximum(power, 1e-30)))
+    return np.concatenate(features)
+
+
+def split_features(cfg, split: str, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    from cosmoflow.data import raw_samples
+
+    features, targets = [], []
+    for volume, y in raw_samples(cfg, split):
+        features.append(spectrum_features(volume, cfg.data.mock.box_size_mpc_h, n_bins))
+        targets.append(y)
+    return np.array(features), np.array(targets)
+
+
+def spectrum_regression(train_x, train_y, valid_x, valid_y, names) -> dict:
+    """Ridge regression (penalty by cross-validation) of the targets on the features: validation MAE
+    per target and the training-mean baseline."""
+    from sklearn.linear_model import RidgeCV
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    model = make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-3, 4, 15))).fit(train_x, train_y)
+    error = np.abs(model.predict(valid_x) - valid_y).mean(axis=0)
+    baseline = np.abs(valid_y - train_y.mean(axis=0)).mean(axis=0)
+    return {name: {"mae": float(e), "baseline_mae": float(b), "ratio": float(e / b)}
+            for name, e, b in zip(names, error, baseline)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cosmoflow.information", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--k-max", type=float, help="Fisher: largest wavenumber used, h/Mpc (default: Nyquist)")
+    parser.add_argument("--known", action="append", default=[], choices=TARGET_NAMES,
+                        help="Fisher: hold this parameter fixed (repeatable)")
+    parser.add_argument("--bins", type=int, default=8, help="regression: k bins per redshift channel")
+    parser.add_argument("--fisher-only", action="store_true", help="skip the regression (needs no data)")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args(argv)
+
+    from common.cli import exit_on_user_error
+    from common.config import load_config
+    from common.outputs import write_json
+    from cosmoflow.config import CosmoflowConfig
+
+    with exit_on_user_error():
+        cfg = load_config(CosmoflowConfig, args.config, args.set)
+        mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
+        report = {"grid": grid, "box_size_mpc_h": mock.box_size_mpc_h, "k_max": args.k_max,
+                  "fisher": fisher_report(cfg, args.k_max, tuple(args.known)), "known": args.known}
+        print(f"linear Fisher bound, one {grid}^3 volume of {mock.box_size_mpc_h:g} Mpc/h"
+              + (f", held fixed: {', '.join(args.known)}" if args.known else "") + ":")
+        for name, row in report["fisher"].items():
+            print(f"  {name:<8} sigma {row['sigma']:.4g} ({row['sigma_normalised']:.3f} normalised): "
+                  f"best MAE {row['best_mae']:.3f} (training mean: 0.5)")
+        if not args.fisher_only:
+            if cfg.data.mock.generate_if_missing:
+                from cosmoflow.mock import ensure_mock_data
+
+                ensure_mock_data(cfg)
+            train_x, train_y = split_features(cfg, "train", args.bins)
+            valid_x, valid_y = split_features(cfg, "validation", args.bins)
+            report["regression"] = spectrum_regression(train_x, train_y, valid_x, valid_y, cfg.data.target_names)
+            report["regression_samples"] = {"train": len(train_y), "validation": len(valid_y)}
+            print(f"ridge regression on log P(k) ({args.bins} bins x {cfg.data.sample_shape[3]} redshifts), "
+                  f"{len(train_y)} train / {len(valid_y)} validation volumes of {cfg.data.data_dir}:")
+            for name, row in report["regression"].items():
+                print(f"  {name:<8} MAE {row['mae']:.3f} vs {row['baseline_mae']:.3f} for the training mean "
+                      f"({row['ratio']:.2f}x)")
+        if args.json:
+            write_json(args.json, report, "cosmoflow.information")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
