@@ -46,6 +46,20 @@ def test_detector_shapes_2d_3d_and_full_size():
     assert [full.get_layer(f"encoder{i}").filters for i in range(1, 7)] == [128, 256, 512, 768, 1024, 1280]
 
 
+@pytest.mark.parametrize("variant", ["2d", "3d"])
+def test_a_finer_head_reads_its_level_and_the_bottleneck(variant):
+    cfg = detect_cfg(model={"variant": variant, "head_level": 2})
+    assert cfg.model.cell == 4
+    model = build_detector(cfg)
+    steps = (4,) if variant == "3d" else ()
+    assert shapes(model)["detect"] == (None, *steps, 8, 12, 10)
+    # The head sees level 2 (16 filters) and the 2x upsampled bottleneck (16 filters).
+    assert tuple(model.get_layer("head_features").output.shape) == (None, *steps, 8, 12, 32)
+    assert build_detector(detect_cfg(model={"head_level": 3})).get_layer("detect").output.shape[1:3] == (4, 6)
+    with pytest.raises(ValueError, match="head_level 4 is deeper than the 3 encoder levels"):
+        detect_cfg(model={"head_level": 4})
+
+
 # -- boxes ------------------------------------------------------------------------------------
 
 def test_box_encoding_round_trip():

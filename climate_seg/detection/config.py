@@ -70,10 +70,20 @@ class DetectModelSection(Section):
     time_steps: PositiveInt = Field(8, description="3d: consecutive snapshots per sample")
     time_kernel_size: PositiveInt = Field(3, description="3d: kernel extent in time (stride 1)")
     weight_decay: NonNegativeFloat = Field(5e-4, description="L2 on the kernels")
+    head_level: PositiveInt | None = Field(
+        None, description="the encoder level the box head works at: cells of 2 ** head_level px, the bottleneck "
+                          "upsampled onto that level's features (finer cells for objects smaller than the "
+                          "bottleneck's); default: the bottleneck itself")
+
+    @model_validator(mode="after")
+    def _head_level_in_encoder(self):
+        if self.head_level is not None and self.head_level > len(self.filters):
+            raise ValueError(f"head_level {self.head_level} is deeper than the {len(self.filters)} encoder levels")
+        return self
 
     @property
     def cell(self) -> int:
-        return 2 ** len(self.filters)
+        return 2 ** (self.head_level or len(self.filters))
 
 
 class DetectLossSection(Section):

@@ -8,7 +8,10 @@ convs back to H x W x C: the reconstruction every sample, labeled or not,
 learns from.  The head, on the bottleneck, predicts one box per cell: 3x3
 convs to objectness logits (2), class logits (4) and the box (x, y offsets in
 the cell through a sigmoid; w, h as log2(size / cell), linear so boxes
-smaller than a cell are possible).
+smaller than a cell are possible).  ``model.head_level: L`` moves the head to
+encoder level L (cells of 2 ** L px): the bottleneck upsampled and
+concatenated with that level's features, for objects smaller than the
+bottleneck's cells.
 
 3D: the same over ``time_steps`` consecutive snapshots with Conv3D
 (time_kernel x k x k, stride 1 x 2 x 2): a box grid per time step.
@@ -33,7 +36,7 @@ def build_detector(cfg: DetectConfig) -> keras.Model:
     h, w = data.grid
     if h % m.cell or w % m.cell:
         raise ValueError(f"detector: the {h} x {w} grid must divide by the cell size {m.cell} "
-                         f"(2 ** len(model.filters))")
+                         f"(2 ** model.head_level, else 2 ** len(model.filters))")
     channels = len(data.channels)
     three_d = m.variant == "3d"
     shape = (m.time_steps, h, w, channels) if three_d else (h, w, channels)
@@ -46,11 +49,13 @@ def build_detector(cfg: DetectConfig) -> keras.Model:
 
     inputs = keras.Input(shape=shape, name="snapshots" if three_d else "snapshot")
     x = inputs
+    levels = []
     for i, filters in enumerate(m.filters):
         x = conv(filters, kernel, strides=strides, name=f"encoder{i + 1}", **common)(x)
         if i == len(m.filters) - 1 and m.bottleneck_batch_norm:
             x = FusedBatchNormalization(name="bottleneck_bn")(x)
         x = layers.LeakyReLU(negative_slope=m.leaky_relu_slope, name=f"encoder{i + 1}_act")(x)
+        levels.append(x)
     bottleneck = x
 
     y = bottleneck
@@ -63,7 +68,14 @@ def build_detector(cfg: DetectConfig) -> keras.Model:
     recon = layers.Identity(dtype="float32", name="recon")(y)
 
     head_kernel = (1, m.head_kernel_size, m.head_kernel_size) if three_d else m.head_kernel_size
-    head = conv(m.filters[-1] // 2, head_kernel, name="head_conv", **common)(bottleneck)
+    head = bottleneck
+    if m.head_level is not None and m.head_level < len(m.filters):
+        # A finer head: the bottleneck's context brought up to level head_level, beside that level's features.
+        factor = 2 ** (len(m.filters) - m.head_level)
+        up = (layers.UpSampling3D((1, factor, factor), name="head_upsample") if three_d
+              else layers.UpSampling2D(factor, name="head_upsample"))(bottleneck)
+        head = layers.Concatenate(name="head_features")([levels[m.head_level - 1], up])
+    head = conv(m.filters[-1] // 2, head_kernel, name="head_conv", **common)(head)
     head = layers.LeakyReLU(negative_slope=m.leaky_relu_slope, name="head_act")(head)
     objectness = conv(2, head_kernel, padding="same", dtype="float32", name="objectness")(head)
     classes = conv(len(DETECTION_CLASSES), head_kernel, padding="same", dtype="float32", name="classes")(head)
