@@ -30,7 +30,6 @@ Two estimates, for a config's volumes:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
