@@ -59,18 +59,18 @@ def op_profile(model, dataset, steps: int, logdir: str, top: int = 12) -> dict:
     """Self time of ``steps`` training steps by op type and by op, from a TensorFlow profiler trace."""
     import collections
     import glob
-    import shutil
 
     import tensorflow as tf
     from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
 
-    shutil.rmtree(logdir, ignore_errors=True)
+    # The profiler adds a new plugins/profile/<time>/ folder per trace: read this one's, delete nothing.
+    earlier = set(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))
     tf.profiler.experimental.start(logdir)
     try:
         model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
     finally:
         tf.profiler.experimental.stop()
-    paths = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
+    paths = sorted(set(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)) - earlier)
     data, ok = _pywrap_profiler_plugin.xspace_to_tools_data(paths, "framework_op_stats", {})
     if not ok:
         raise RuntimeError(f"the profiler could not summarise {paths}: {data[:200]!r}")
