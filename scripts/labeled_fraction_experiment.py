@@ -29,7 +29,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from common.errors import UserInputError  # noqa: E402
-from common.outputs import RUN_MARKER, check_run_dir, write_json  # noqa: E402
+from common.outputs import check_run_dir, mark_run_dir, write_json  # noqa: E402
 
 CONFIGS = {"supervised": "configs/climate_seg/demo_detect_supervised.yaml",
            "semi-supervised": "configs/climate_seg/demo_detect.yaml"}
@@ -113,8 +113,7 @@ def main(argv=None) -> int:
     except UserInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RUN_MARKER).write_text("labeled_fraction_experiment\n")
+    mark_run_dir(out, "labeled_fraction_experiment")
     rows = [run_one(out, mode, f, s, args.np) for f in fractions for s in seeds for mode in CONFIGS]
     summary = summarise(rows)
     write_json(out / "results.json", {"runs": rows, "summary": summary}, "scripts/labeled_fraction_experiment.py")
