@@ -73,10 +73,14 @@ class EpochEndSync(keras.callbacks.Callback):
             if metric.name in self._train:
                 self._write(logs, "", metric, self._train[metric.name])
         if "val_loss" in logs:
-            for metric in metrics:
-                self._write(logs, "val_", metric, self._pooled(metric))
+            self.write_pooled_validation(logs, metrics)
         numeric = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating, np.integer))}
         logs.update(self.dist.average_scalars(numeric))
+
+    def write_pooled_validation(self, logs: dict, metrics: list[ConfusionMatrix]) -> None:
+        """IoU and pixel accuracy of the validation just run, from the confusion pooled over ranks, into logs."""
+        for metric in metrics:
+            self._write(logs, "val_", metric, self._pooled(metric))
 
     def _pooled(self, metric: ConfusionMatrix) -> dict:
         return iou_from_confusion(self.dist.sum_array(np.asarray(metric.confusion, np.float64)))

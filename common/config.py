@@ -59,6 +59,10 @@ class TrainSection(Section):
         10, description="with loss scaling: stop after this many NaN/Inf losses in a row")
     gradient_lag: Literal[0, 1] = Field(
         0, description="1: apply step t's allreduced gradients at step t+1, so the allreduce overlaps the update")
+    precise_bn_batches: NonNegativeInt = Field(
+        0, description="after the last epoch: batch-norm moving statistics replaced by the average over this many "
+                       "training batches per rank run with the final weights (common/batch_norm.py), validation "
+                       "rerun; 0: keep the moving averages")
 
 
 class ScheduleSection(Section):

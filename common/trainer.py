@@ -22,9 +22,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from common import checkpoint, cpu, outputs, precision
-from common.callbacks import (EpochEndSync, EpochReport, LearningRateLog, SaveCheckpoint, Throughput, rng_variables,
-                              state_variables)
+from common import batch_norm, checkpoint, cpu, outputs, precision
+from common.callbacks import (EpochEndSync, EpochReport, LearningRateLog, SaveCheckpoint, Throughput, confusion_metrics,
+                              rng_variables, state_variables)
 from common.config import AppConfig, save_config
 from common.data import Datasets, data_error_from_pipeline
 from common.distributed import Distributed
@@ -383,13 +383,44 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     if datasets.skipped_files and dist.is_root:   # the same list on every rank
         log.warning(f"skipped {len(datasets.skipped_files)} bad file(s) (data.on_bad_file: skip); see above")
 
+    precise_bn = None
+    if cfg.train.precise_bn_batches and history.get("loss"):
+        precise_bn = _precise_batch_norm(model, datasets, cfg, dist, history)
     summary = _summary(app, cfg, dist, history, network, forward_flops, global_batch_size, datasets,
                        peak_flops_total, time.time() - started, first_epoch, mlperf_callback)
+    if precise_bn is not None:
+        summary["precise_bn"] = precise_bn
     if dist.is_root:
         _atomic_save_model(network, output_dir / "model.keras")
         _write_json(output_dir / "summary.json", summary)
     dist.barrier()
     return summary
+
+
+def _precise_batch_norm(model: TrainingModel, datasets: Datasets, cfg: AppConfig, dist: Distributed,
+                        history: dict) -> dict | None:
+    """Batch-norm statistics re-estimated with the final weights (``train.precise_bn_batches``), then the
+    validation rerun: both validations (the last epoch's, with the moving averages, and this one) for the
+    summary.  The checkpoints keep the moving averages (a resumed run continues them); ``model.keras`` gets
+    the re-estimated statistics."""
+    started = time.time()
+    used = batch_norm.reestimate(model.network, datasets.train_epoch(cfg.train.epochs),
+                                 cfg.train.precise_bn_batches, dist)
+    if not used:
+        log.warning("train.precise_bn_batches: the network has no batch-norm layer; nothing re-estimated")
+        return None
+    before = {k: float(v[-1]) for k, v in history.items() if k.startswith("val_") and v}
+    after = {}
+    if datasets.validation is not None:
+        results = model.evaluate(datasets.validation, steps=datasets.validation_steps, return_dict=True, verbose=0)
+        after = {f"val_{k}": float(v) for k, v in results.items() if np.ndim(v) == 0}
+        EpochEndSync(dist).write_pooled_validation(after, confusion_metrics(model))
+        after = dist.average_scalars(after)
+    shown = ", ".join(f"{k} {before[k]:.4g} -> {after[k]:.4g}" for k in sorted(after) if k in before)
+    log.info(f"precise batch norm: statistics over {used} training batches/rank with the final weights "
+             f"({time.time() - started:.0f} s): {shown}")
+    return {"batches_per_rank": used, "samples": used * cfg.data.batch_size * dist.size,
+            "validation_moving_averages": before, "validation_precise": after}
 
 
 def _fit_phases(position: tuple[int, int], epochs: int):

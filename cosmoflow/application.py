@@ -8,7 +8,7 @@ import pathlib
 from common.trainer import Application, MlperfSpec
 from cosmoflow.config import CosmoflowConfig
 from cosmoflow.data import build_datasets, check_data
-from cosmoflow.loss import build_loss
+from cosmoflow.loss import build_loss, build_metrics
 from cosmoflow.mock import ensure_mock_data
 from cosmoflow.model import build_model
 
@@ -32,7 +32,7 @@ APPLICATION = Application(
     build_model=build_model,
     build_datasets=build_datasets,
     loss=build_loss,
-    metrics=lambda cfg: ["mae"],
+    metrics=build_metrics,
     default_config=REPO_ROOT / "configs" / "cosmoflow" / "demo.yaml",
     prepare_data=_prepare_data,
     check_data=check_data,

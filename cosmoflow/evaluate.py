@@ -80,7 +80,8 @@ def evaluate(run_dir, split: str = "validation", data_dir: str | None = None) ->
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     plot_predictions(predictions, targets, names, run_dir / "pred_vs_true.png")
     if (run_dir / "history.csv").is_file():
-        plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png", metrics=("loss", "mae"))
+        plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png",
+                             metrics=("loss", "mae", *(f"mae_{name}" for name in names)))
     return metrics
 
 
