@@ -5,11 +5,14 @@
 Writes ``RUN/metrics.json``::
 
     {"mae": {"Omega_m": x, "sigma_8": x, ...}, "mae_overall": x,
-     "baseline_mae": {...}, "baseline_mae_overall": x, "n_samples": N, "split": "validation"}
+     "baseline_mae": {...}, "baseline_mae_overall": x, "n_samples": N, "split": "validation",
+     "parity": {"Omega_m": {"slope": x, "intercept": x, "pearson_r": x, "bins": [...]}, ...}}
 
 MAEs are in the normalised target units ([-1, 1], as MLPerf reports them);
-the baseline predicts the training-set mean of each target.  Also writes
-``pred_vs_true.png`` (one panel per parameter) and ``training_curves.png``.
+the baseline predicts the training-set mean of each target; ``parity`` is the
+parity plot in numbers (see :func:`parity`).  Also writes ``predictions.npz``
+(predictions, targets, names), ``pred_vs_true.png`` (one panel per parameter)
+and ``training_curves.png``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,30 @@ from common.cli import exit_process, exit_on_user_error
 
 def mean_absolute_errors(predictions: np.ndarray, targets: np.ndarray, names) -> dict[str, float]:
     return {name: float(np.mean(np.abs(predictions[:, i] - targets[:, i]))) for i, name in enumerate(names)}
+
+
+def parity(predictions: np.ndarray, targets: np.ndarray, names, bins: int = 5) -> dict[str, dict]:
+    """Per target: the least-squares line of predicted on true (slope 1, intercept 0 when unbiased; slope 0
+    for the mean predictor), Pearson's r, and the mean and spread of the predictions in ``bins`` equal
+    bins of the true value over [-1, 1]: the parity plot in numbers.  ``pearson_r`` is None where it is
+    undefined (constant predictions)."""
+    edges = np.linspace(-1.0, 1.0, bins + 1)
+    out = {}
+    for i, name in enumerate(names):
+        true, predicted = targets[:, i].astype(np.float64), predictions[:, i].astype(np.float64)
+        spread = true.std()
+        slope = float(np.mean((true - true.mean()) * (predicted - predicted.mean())) / spread ** 2) if spread else 0.0
+        r = float(np.corrcoef(true, predicted)[0, 1]) if spread and predicted.std() else None   # undefined
+        which = np.clip(np.digitize(true, edges[1:-1]), 0, bins - 1)
+        rows = []
+        for b in range(bins):
+            chosen = predicted[which == b]
+            rows.append({"true_low": float(edges[b]), "true_high": float(edges[b + 1]), "count": int(chosen.size),
+                         "predicted_mean": float(chosen.mean()) if chosen.size else None,
+                         "predicted_std": float(chosen.std()) if chosen.size else None})
+        out[name] = {"slope": slope, "intercept": float(predicted.mean() - slope * true.mean()), "pearson_r": r,
+                     "bins": rows}
+    return out
 
 
 def plot_predictions(predictions, targets, names, out_png) -> None:
@@ -75,9 +102,11 @@ def evaluate(run_dir, split: str = "validation", data_dir: str | None = None) ->
         "mae_overall": float(np.mean(np.abs(predictions - targets))),
         "baseline_mae": mean_absolute_errors(baseline, targets, names),
         "baseline_mae_overall": float(np.mean(np.abs(baseline - targets))),
+        "parity": parity(predictions, targets, names),
         "units": "normalised targets in [-1, 1]",
     }
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    np.savez(run_dir / "predictions.npz", predictions=predictions, targets=targets, names=np.array(names))
     plot_predictions(predictions, targets, names, run_dir / "pred_vs_true.png")
     if (run_dir / "history.csv").is_file():
         plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png",
@@ -98,6 +127,14 @@ def main(argv=None) -> int:
     for name, value in metrics["mae"].items():
         print(f"  {name:<{width}}  {value:.4f}   vs {metrics['baseline_mae'][name]:.4f}")
     print(f"  {'overall':<{width}}  {metrics['mae_overall']:.4f}   vs {metrics['baseline_mae_overall']:.4f}")
+    edges = [(row["true_low"], row["true_high"]) for row in next(iter(metrics["parity"].values()))["bins"]]
+    print("parity: mean prediction (std) in bins of the true value; slope and Pearson r of predicted on true")
+    print(f"  {'':<{width}}  " + "  ".join(f"[{low:+.1f},{high:+.1f}]" for low, high in edges) + "   slope     r")
+    for name, fit in metrics["parity"].items():
+        cells = [f"{row['predicted_mean']:+.2f}({row['predicted_std']:.2f})" if row["count"] else f"{'-':^11}"
+                 for row in fit["bins"]]
+        print(f"  {name:<{width}}  " + "  ".join(cells) + f"  {fit['slope']:+.3f}  "
+              + (f"{fit['pearson_r']:+.3f}" if fit["pearson_r"] is not None else "  -"))
     print(f"wrote {pathlib.Path(args.run_dir) / 'metrics.json'}")
     return 0
 

@@ -90,7 +90,28 @@ def test_evaluate_writes_metrics_and_plots(trained_run, tiny_cosmo_data):
     assert metrics["mae_overall"] == pytest.approx(np.mean(list(metrics["mae"].values())), rel=1e-5)
     assert (run_dir / "pred_vs_true.png").stat().st_size > 1000
     assert (run_dir / "training_curves.png").stat().st_size > 1000
-    assert "sigma_8" in result.stdout
+    assert "sigma_8" in result.stdout and "parity" in result.stdout
+    # The parity numbers against scipy and numpy on the predictions written beside them.
+    import scipy.stats
+    with np.load(run_dir / "predictions.npz") as saved:
+        predictions, targets = saved["predictions"], saved["targets"]
+        assert list(saved["names"]) == names
+    np.testing.assert_allclose(targets, valid, rtol=1e-6)
+    for i, name in enumerate(names):
+        assert metrics["mae"][name] == pytest.approx(np.abs(predictions[:, i] - targets[:, i]).mean(), rel=1e-5)
+        fit, reference = metrics["parity"][name], scipy.stats.linregress(targets[:, i], predictions[:, i])
+        assert fit["slope"] == pytest.approx(reference.slope, rel=1e-6, abs=1e-9)
+        assert fit["intercept"] == pytest.approx(reference.intercept, rel=1e-6, abs=1e-9)
+        if np.isnan(reference.rvalue):   # constant predictions (a tiny network may saturate)
+            assert fit["pearson_r"] is None
+        else:
+            assert fit["pearson_r"] == pytest.approx(reference.rvalue, rel=1e-6, abs=1e-9)
+        counts, _ = np.histogram(targets[:, i], bins=5, range=(-1, 1))
+        assert [row["count"] for row in fit["bins"]] == counts.tolist()
+        for row in fit["bins"]:
+            inside = (targets[:, i] >= row["true_low"]) & ((targets[:, i] < row["true_high"]) | (row["true_high"] == 1))
+            if row["count"]:
+                assert row["predicted_mean"] == pytest.approx(predictions[inside, i].mean(), rel=1e-6)
 
 
 def test_mlperf_log_passes_compliance_checker_except_quality_target(trained_run):
@@ -197,3 +218,25 @@ def test_precision_auto_follows_the_cpu_and_is_recorded(tiny_cosmo_data, tmp_pat
     train(tiny_cosmo_data, run_dir, "--set", "train.precision=auto", epochs=1)
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["precision"] == expected
     assert json.loads((run_dir / "summary.json").read_text())["precision"] == expected
+
+
+def test_parity_numbers_against_scipy():
+    import scipy.stats
+    from cosmoflow.evaluate import parity
+    rng = np.random.default_rng(4)
+    targets = rng.uniform(-1, 1, (300, 2))
+    predictions = np.stack([0.6 * targets[:, 0] + 0.1 + 0.2 * rng.standard_normal(300),
+                            np.full(300, 0.25)], axis=1)
+    fits = parity(predictions, targets, ["a", "b"], bins=4)
+    reference = scipy.stats.linregress(targets[:, 0], predictions[:, 0])
+    assert fits["a"]["slope"] == pytest.approx(reference.slope, rel=1e-9)
+    assert fits["a"]["intercept"] == pytest.approx(reference.intercept, rel=1e-9)
+    assert fits["a"]["pearson_r"] == pytest.approx(reference.rvalue, rel=1e-9)
+    counts, edges = np.histogram(targets[:, 0], bins=4, range=(-1, 1))
+    assert [row["count"] for row in fits["a"]["bins"]] == counts.tolist()
+    for row, low, high in zip(fits["a"]["bins"], edges[:-1], edges[1:]):
+        inside = (targets[:, 0] >= low) & (targets[:, 0] < high)
+        assert row["predicted_mean"] == pytest.approx(predictions[inside, 0].mean(), rel=1e-9)
+        assert row["predicted_std"] == pytest.approx(predictions[inside, 0].std(), rel=1e-9)
+    assert fits["b"]["slope"] == pytest.approx(0.0, abs=1e-12) and fits["b"]["pearson_r"] is None
+    assert fits["b"]["intercept"] == pytest.approx(0.25)
