@@ -404,11 +404,11 @@ def _precise_batch_norm(model: TrainingModel, datasets: Datasets, cfg: AppConfig
     summary.  The checkpoints keep the moving averages (a resumed run continues them); ``model.keras`` gets
     the re-estimated statistics."""
     started = time.time()
-    used = batch_norm.reestimate(model.network, datasets.train_epoch(cfg.train.epochs),
-                                 cfg.train.precise_bn_batches, dist)
-    if not used:
+    if not batch_norm.batch_norm_layers(model.network):   # the same answer on every rank
         log.warning("train.precise_bn_batches: the network has no batch-norm layer; nothing re-estimated")
         return None
+    used = batch_norm.reestimate(model.network, datasets.train_epoch(cfg.train.epochs),
+                                 cfg.train.precise_bn_batches, dist)
     before = {k: float(v[-1]) for k, v in history.items() if k.startswith("val_") and v}
     after = {}
     if datasets.validation is not None:

@@ -240,3 +240,12 @@ def test_parity_numbers_against_scipy():
         assert row["predicted_std"] == pytest.approx(predictions[inside, 0].std(), rel=1e-9)
     assert fits["b"]["slope"] == pytest.approx(0.0, abs=1e-12) and fits["b"]["pearson_r"] is None
     assert fits["b"]["intercept"] == pytest.approx(0.25)
+
+
+def test_precise_batch_norm_without_batch_norm_layers_says_so(tiny_cosmo_data, tmp_path):
+    run_dir = tmp_path / "run"
+    result = train(tiny_cosmo_data, run_dir, "--set", "model.batch_norm=false", "--set", "train.precise_bn_batches=2",
+                   epochs=1)
+    assert "no batch-norm layer; nothing re-estimated" in result.stdout + result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "precise_bn" not in summary and summary["epochs_completed"] == 1
