@@ -16,30 +16,15 @@ variances, which is what the moving average tracks, without its lag.
 
 from __future__ import annotations
 
-import logging
-
 import keras
 import numpy as np
 
-log = logging.getLogger(__name__)
+from common.layers import all_layers
 
 
 def batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:
-    """Every batch-norm layer of ``model`` and its nested models, each once, in order."""
-    found, seen = [], set()
-
-    def visit(layer):
-        if id(layer) in seen:
-            return
-        seen.add(id(layer))
-        if isinstance(layer, keras.layers.BatchNormalization):
-            found.append(layer)
-        for child in getattr(layer, "layers", None) or []:
-            visit(child)
-
-    for layer in model.layers:
-        visit(layer)
-    return found
+    """Every batch-norm layer of ``model`` and of the models nested in it, in order."""
+    return [layer for layer in all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
 
 
 def reestimate(network: keras.Model, batches, num_batches: int, dist) -> int:

@@ -125,7 +125,7 @@ _PLAIN = {DilatedConv2D: keras.layers.Conv2D, FusedBatchNormalization: keras.lay
 
 def plain_keras(model: keras.Model) -> keras.Model:
     """``model`` rebuilt with this module's layers replaced by the Keras layers they extend, same weights."""
-    if not any(type(layer) in _PLAIN for layer in _all_layers(model)):
+    if not any(type(layer) in _PLAIN for layer in all_layers(model)):
         return model
 
     def clone(layer):
@@ -136,8 +136,9 @@ def plain_keras(model: keras.Model) -> keras.Model:
     return plain
 
 
-def _all_layers(model):
+def all_layers(model):
+    """Every layer of ``model`` and of the models nested in it, in order."""
     for layer in model.layers:
         yield layer
         if isinstance(layer, keras.Model):
-            yield from _all_layers(layer)
+            yield from all_layers(layer)
