@@ -10,21 +10,74 @@ from __future__ import annotations
 
 import copy
 import pathlib
+import types
+import typing
 from typing import Any, Literal, TypeVar
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                      ValidationInfo, field_validator)
 
 from common.errors import ConfigError
 
 Precision = Literal["fp32", "mixed_float16", "mixed_bfloat16", "auto"]
 
 
+def _admits_bool(annotation) -> bool:
+    """Whether a field's type takes true/false (bool itself, Any, or a union or Literal holding them)."""
+    if annotation is bool or annotation is Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return any(isinstance(value, bool) for value in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return _admits_bool(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_admits_bool(arg) for arg in typing.get_args(annotation))
+    return False
+
+
+def _element_type(annotation):
+    """The element type of list[X] / tuple[X, ...] fields (None for anything else)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _element_type(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        found = [t for t in map(_element_type, typing.get_args(annotation)) if t is not None]
+        return found[0] if found else None
+    if origin in (list, tuple) and typing.get_args(annotation):
+        return typing.get_args(annotation)[0]
+    return None
+
+
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors."""
+    """Base of every config section: unknown keys are errors, and so is true/false for a number.
+
+    pydantic's lax mode reads ``true`` as 1 for an int field (``--set data.batch_size=true`` would train
+    with batch 1); a number field refuses a YAML boolean here.  Numbers written as strings by YAML 1.1
+    (``1e-4``) are still read, as lax mode does.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value, info: ValidationInfo):
+        annotation = cls.model_fields[info.field_name].annotation
+        element = _element_type(annotation)
+        if isinstance(value, bool) and not _admits_bool(annotation):
+            raise ValueError(f"expected {_type_name(annotation)}, not a boolean")
+        if element is not None and isinstance(value, (list, tuple)) and not _admits_bool(element) \
+                and any(isinstance(item, bool) for item in value):
+            raise ValueError(f"expected a list of {_type_name(element).removeprefix('a ')}s, not booleans")
+        return value
+
+
+def _type_name(annotation) -> str:
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return "a number" if annotation in (int, float) else getattr(annotation, "__name__", str(annotation))
 
 
 class DataSection(Section):
@@ -54,7 +107,13 @@ class TrainSection(Section):
     tensorboard: bool = True
     steps_per_execution: PositiveInt = 1
     hang_timeout_s: NonNegativeFloat = Field(
-        120.0, description="exit when no step or validation batch completes for this long (0: never)")
+        120.0, description="exit (code 4) when no step or validation batch completes for this long (0: never)")
+    startup_timeout_s: NonNegativeFloat = Field(
+        1800.0, description="exit (code 4) when start-up (data screening, model build, broadcast, the first "
+                            "step's trace) takes longer than this (0: never)")
+    save_timeout_s: NonNegativeFloat = Field(
+        1800.0, description="exit (code 4) when writing a checkpoint or the final model takes longer (0: never); "
+                            "the ranks waiting for rank 0's write are not taken for hung meanwhile")
     max_nonfinite_steps: PositiveInt = Field(
         10, description="with loss scaling: stop after this many NaN/Inf losses in a row")
     gradient_lag: Literal[0, 1] = Field(
@@ -188,7 +247,8 @@ def _format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
         elif err["type"] == "missing":
             problems.append(f"missing required key '{path}'")
         else:
-            problems.append(f"key '{path}': {err['msg']} (got {err.get('input')!r})")
+            message = err["msg"].removeprefix("Value error, ")
+            problems.append(f"key '{path}': {message} (got {err.get('input')!r})")
     return f"{source}: " + "; ".join(problems)
 
 
@@ -197,7 +257,12 @@ def read_yaml(path: str | pathlib.Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a YAML "
+                          "config") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -230,6 +295,8 @@ def config_to_dict(cfg: BaseModel) -> dict:
     return cfg.model_dump(mode="json")
 
 
-def save_config(cfg: BaseModel, path: str | pathlib.Path) -> None:
-    """Write the resolved config (defaults filled in) as YAML."""
-    pathlib.Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+def save_config(cfg: BaseModel, path: str | pathlib.Path, force: bool = False) -> None:
+    """Write the resolved config (defaults filled in) as YAML, atomically, never over a user's file."""
+    from common.outputs import write_text
+
+    write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False), force=force)
