@@ -5,24 +5,35 @@
    temporary folder beside it, created by the same call, which is renamed
    into place when complete (:func:`generated_folder`).  A folder that holds
    anything is an error naming what was expected and what was found.
-2. A file is replaced only when the suite wrote it: HDF5 and netCDF-4 files
-   carry a ``written_by`` attribute, JSON files a ``written_by`` key, a run
-   directory a marker file (:data:`RUN_MARKER`: what it holds is the suite's),
-   a staging folder a manifest.
-   Anything else is replaced only when the user says so (``--force``).
+2. A file is replaced only when the suite wrote it, as the file itself says:
+   HDF5 and netCDF-4 files carry a ``written_by`` attribute, JSON files a
+   ``written_by`` key, PNG figures a ``written_by`` text chunk, ``.npz`` files a
+   ``written_by`` array; a run directory's marker (:data:`RUN_MARKER`) lists by
+   name what the suite wrote there (files, and folders such as ``checkpoints/``),
+   and a staging folder has a manifest.  Anything else is the user's: replaced
+   only when the user says so (``--force``), and even then it never becomes
+   the suite's.
 3. Every write is atomic: a temporary file of a unique name in the same
    folder, flushed, then renamed over the destination (:func:`atomic_path`),
    so a kill never leaves a half-written file under the real name, and a
-   file the user happens to keep beside it is never touched.
+   file the user happens to keep beside it is never touched.  Files and
+   folders get the modes the umask gives (not mkstemp's 0600 / mkdtemp's 0700),
+   so a dataset written on a shared file system is readable by the user's group.
+4. A run directory is used by one process at a time: :class:`RunDirLock`, an
+   advisory ``flock`` that dies with its process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import errno
+import fcntl
 import json
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 
 from common.errors import DataError, UserInputError
@@ -30,7 +41,32 @@ from common.errors import DataError, UserInputError
 SUITE = "hpc-dl-suite"
 WRITTEN_BY = "written_by"
 RUN_MARKER = ".hpc-dl-suite-run"
+RUN_LOCK = ".hpc-dl-suite-run.lock"
 HDF5_SUFFIXES = (".h5", ".hdf5", ".nc", ".nc4")
+# What a run directory marked before markers listed their files held (the names the suite's tools wrote).
+LEGACY_RUN_FILES = frozenset({
+    "config.yaml", "history.csv", "summary.json", "model.keras", "checkpoints/", "tensorboard/", "mlperf.log",
+    "metrics.json", "predictions.npz", "pred_vs_true.png", "training_curves.png", "masks.png", "roc.png",
+    "boxes.png", "reconstruction.png"})
+
+
+def current_umask() -> int:
+    """This process's umask (read without changing it where /proc says it)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)   # the portable way: set and restore
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(path, directory: bool = False) -> None:
+    """Give ``path`` (made by mkstemp/mkdtemp: 0600/0700) the mode a plain open()/mkdir() would have."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
 
 
 def provenance(tool: str) -> str:
@@ -46,32 +82,111 @@ def mark_hdf5(handle, tool: str) -> None:
         handle.attrs[WRITTEN_BY] = provenance(tool)
 
 
-def written_by_suite(path) -> bool:
-    """Whether the suite wrote ``path`` (by its own mark; a file without one is the user's).
+def read_run_marker(run_dir) -> dict | None:
+    """The run directory's marker (None when there is none); ``files`` lists what the suite wrote there."""
+    marker = pathlib.Path(run_dir) / RUN_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not str(record.get(WRITTEN_BY, "")).startswith(SUITE):
+        return {"files": []}   # a marker we cannot read lists nothing as ours
+    if not isinstance(record.get("files"), list):
+        record["files"] = sorted(LEGACY_RUN_FILES)
+    return record
 
-    What a run directory of the suite holds (``model.keras``, ``summary.json``, plots) counts as the suite's.
-    """
+
+def _listed_in_run_dir(path: pathlib.Path) -> bool:
+    """Whether the nearest run-directory marker above ``path`` lists it (or the folder of the run that holds it)."""
+    for depth, folder in enumerate(path.parents):
+        if depth > 1:
+            return False
+        record = read_run_marker(folder)
+        if record is None:
+            continue
+        relative = path.relative_to(folder).parts
+        listed = set(record["files"])
+        if len(relative) == 1:
+            return relative[0] in listed or (path.is_dir() and f"{relative[0]}/" in listed)
+        return f"{relative[0]}/" in listed
+    return False
+
+
+def _embedded_mark(path: pathlib.Path) -> str:
+    """The ``written_by`` a file carries in itself ('' when none)."""
+    suffix = path.suffix.lower()
+    if suffix in HDF5_SUFFIXES:
+        import h5py
+
+        if not h5py.is_hdf5(path):
+            return ""
+        with h5py.File(path, "r") as f:
+            value = f.attrs.get(WRITTEN_BY, "")
+        return value.decode() if isinstance(value, bytes) else str(value)
+    if suffix == ".json":
+        value = json.loads(path.read_text())
+        return str(value.get(WRITTEN_BY, "")) if isinstance(value, dict) else ""
+    if suffix == ".png":
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return str(getattr(image, "text", {}).get(WRITTEN_BY, ""))
+    if suffix == ".npz":
+        import numpy as np
+
+        with np.load(path, allow_pickle=False) as data:
+            return str(data[WRITTEN_BY]) if WRITTEN_BY in data.files else ""
+    return ""
+
+
+def written_by_suite(path) -> bool:
+    """Whether the suite wrote ``path``: a run directory (its marker), a file its run directory's marker
+    lists, or a file that carries the suite's mark in itself.  Anything else is the user's."""
     path = pathlib.Path(path)
     try:
-        if path.is_dir():
-            return (path / RUN_MARKER).is_file()
-        if (path.parent / RUN_MARKER).is_file():
+        if path.is_dir() and (path / RUN_MARKER).is_file():
+            return read_run_marker(path) is not None
+        if path.is_symlink():
+            return False   # never replace a link, whatever it points at
+        if path.name in (RUN_MARKER, RUN_LOCK) and read_run_marker(path.parent) is not None:
             return True
-        if path.suffix in HDF5_SUFFIXES:
-            import h5py
-
-            if not h5py.is_hdf5(path):
-                return False
-            with h5py.File(path, "r") as f:
-                value = f.attrs.get(WRITTEN_BY, "")
-            value = value.decode() if isinstance(value, bytes) else str(value)
-            return value.startswith(SUITE)
-        if path.suffix == ".json":
-            value = json.loads(path.read_text())
-            return isinstance(value, dict) and str(value.get(WRITTEN_BY, "")).startswith(SUITE)
-    except (OSError, ValueError):
+        if _listed_in_run_dir(path):
+            return True
+        if path.is_file():
+            return _embedded_mark(path).startswith(SUITE)
+    except (OSError, ValueError, KeyError, ImportError):
+        return False
+    except Exception:   # noqa: BLE001  an unreadable file of any format (PIL, zipfile) is not ours
         return False
     return False
+
+
+def record_in_run_dir(run_dir, names) -> None:
+    """Add ``names`` (files, or folders ending in ``/``) to the run directory's marker, when it has one."""
+    run_dir = pathlib.Path(run_dir)
+    record = read_run_marker(run_dir)
+    if record is None:
+        return
+    files = set(record["files"])
+    if set(names) <= files:
+        return
+    record["files"] = sorted(files | set(names))
+    _write_marker(run_dir, record)
+
+
+def _write_marker(run_dir: pathlib.Path, record: dict) -> None:
+    descriptor, name = tempfile.mkstemp(prefix=f"{RUN_MARKER}.", suffix=".partial", dir=run_dir)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(json.dumps(record, indent=1) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        honour_umask(name)
+        os.replace(name, run_dir / RUN_MARKER)
+    finally:
+        pathlib.Path(name).unlink(missing_ok=True)
 
 
 def check_replaceable(path, force: bool = False, how: str = "pass --force to replace it") -> None:
@@ -87,18 +202,27 @@ def atomic_path(path, force: bool = False, how: str = "pass --force to replace i
 
     ``suffix`` ends the temporary name (Keras wants ``.keras``).
     Refused before anything is written when ``path`` holds a file the suite did
-    not write (unless ``force``); checked again just before the rename.
+    not write (unless ``force``); checked again just before the rename.  The
+    file gets the umask's mode; in a run directory its name joins the marker's
+    list.  The temporary file is removed whatever happens (it is this call's).
     """
     path = pathlib.Path(path)
     check_replaceable(path, force, how)
-    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    if not path.parent.is_dir():
+        raise UserInputError(f"{path.parent}: folder not found (to write {path.name} into)")
+    try:
+        descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    except OSError as exc:
+        raise UserInputError(f"{path}: cannot be written ({exc.strerror})") from None
     os.close(descriptor)
     temporary = pathlib.Path(name)
     try:
         yield temporary
         with open(temporary, "rb+") as handle:
             os.fsync(handle.fileno())
+        honour_umask(temporary)
         check_replaceable(path, force, how)
+        record_in_run_dir(path.parent, [path.name])
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)   # created by this call; gone already after a successful replace
@@ -108,6 +232,27 @@ def write_json(path, payload: dict, tool: str, force: bool = False) -> None:
     """``payload`` plus its ``written_by`` key, atomically."""
     with atomic_path(path, force) as temporary:
         temporary.write_text(json.dumps({**payload, WRITTEN_BY: provenance(tool)}, indent=2) + "\n")
+
+
+def write_text(path, text: str, force: bool = False) -> None:
+    """A text file atomically (in a run directory: listed by its marker)."""
+    with atomic_path(path, force) as temporary:
+        temporary.write_text(text)
+
+
+def save_figure(figure, path, tool: str, force: bool = False, dpi: int = 110) -> None:
+    """A matplotlib figure as PNG, atomically, carrying the suite's mark in a text chunk."""
+    with atomic_path(path, force, suffix=".png") as temporary:
+        figure.savefig(temporary, dpi=dpi, format="png", metadata={WRITTEN_BY: provenance(tool)})
+
+
+def save_npz(path, tool: str, force: bool = False, **arrays) -> None:
+    """``numpy.savez`` atomically, with a ``written_by`` array beside the data."""
+    import numpy as np
+
+    with atomic_path(path, force, suffix=".npz") as temporary:
+        with open(temporary, "wb") as handle:
+            np.savez(handle, **arrays, **{WRITTEN_BY: np.array(provenance(tool))})
 
 
 def folder_summary(path, limit: int = 4) -> str:
@@ -145,6 +290,7 @@ def generated_folder(target, expected: str):
     require_fillable(target, expected)
     target.parent.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    honour_umask(work, directory=True)
     try:
         yield work
         try:
@@ -173,7 +319,7 @@ def check_run_dir(output_dir, resume: bool, force: bool) -> None:
         raise UserInputError(f"{output_dir}: --output-dir is a file, not a folder")
     if (output_dir / RUN_MARKER).is_file() or force:
         return
-    foreign = [p for p in sorted(output_dir.iterdir()) if not launch_log(p.name)]
+    foreign = [p for p in sorted(output_dir.iterdir()) if not launch_log(p.name) and p.name != RUN_LOCK]
     if foreign:
         raise UserInputError(
             f"{output_dir}: holds files this suite did not write ({folder_summary(output_dir)}); choose another "
@@ -181,9 +327,107 @@ def check_run_dir(output_dir, resume: bool, force: bool) -> None:
                                                                  if resume else ""))
 
 
-def mark_run_dir(output_dir, app: str) -> None:
+def check_run_files(output_dir, names, force: bool) -> None:
+    """Before a run writes anything: each of ``names`` in ``output_dir`` is absent, or the suite's (its
+    marker lists it), or ``force`` lets the run replace it."""
+    output_dir = pathlib.Path(output_dir)
+    if force:
+        return
+    for name in names:
+        path = output_dir / name.rstrip("/")
+        if (path.exists() or path.is_symlink()) and not written_by_suite(path):
+            raise UserInputError(f"{path}: exists and was not written by this suite; this run would write it "
+                                 "(choose another --output-dir, or pass --force to replace it)")
+
+
+def check_writable_folder(folder, what: str) -> None:
+    """A folder that can be created or written, checked before any work (a one-line error otherwise)."""
+    folder = pathlib.Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserInputError(f"{folder}: {what} cannot be created: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserInputError(f"{folder}: {what} is not writable "
+                             + (f"(no write permission on {existing})" if existing != folder else "(no write permission)"))
+
+
+def mark_run_dir(output_dir, app: str, files=()) -> None:
+    """Create the run directory's marker (or add ``files`` to it)."""
     output_dir = pathlib.Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    marker = output_dir / RUN_MARKER
-    if not marker.exists():
-        marker.write_text(json.dumps({WRITTEN_BY: provenance(f"{app}.train")}) + "\n")
+    record = read_run_marker(output_dir)
+    if record is None:
+        _write_marker(output_dir, {WRITTEN_BY: provenance(f"{app}.train"), "files": sorted({RUN_LOCK, *files})})
+    else:
+        record_in_run_dir(output_dir, files)
+
+
+def record_external(run_dir, path) -> None:
+    """List in the run directory's marker a file this run created outside it (an MLPerf log elsewhere), so
+    that a resume of this run may append to it."""
+    run_dir = pathlib.Path(run_dir)
+    record = read_run_marker(run_dir)
+    if record is not None:
+        record["external"] = sorted({*record.get("external", []), str(pathlib.Path(path).resolve())})
+        _write_marker(run_dir, record)
+
+
+class RunDirLock:
+    """An exclusive advisory lock on a run directory (``flock`` on :data:`RUN_LOCK` inside it), held until
+    :meth:`release` or the process ends (a killed process releases it: no stale locks).
+
+    A second training, or an evaluation, of the same folder is refused with a one-line error naming the
+    holder.  File systems without ``flock`` (some NFS mounts) get a warning and no lock.
+    """
+
+    def __init__(self, run_dir, tool: str):
+        self.run_dir = pathlib.Path(run_dir)
+        self.tool = tool
+        self._fd = None
+        self.warning = None
+        self.previous = b""
+
+    def acquire(self) -> "RunDirLock":
+        path = self.run_dir / RUN_LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise UserInputError(f"{path}: cannot open the run directory's lock file ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            os.close(fd)
+            try:
+                who = json.loads(holder)
+                who = f"{who['tool']} (pid {who['pid']} on {who['host']}, since {who['since']})"
+            except (ValueError, KeyError, TypeError):
+                who = "another process"
+            raise UserInputError(f"{self.run_dir}: in use by {who}; two runs in one folder would mix their "
+                                 "files: wait for it to end, or choose another --output-dir") from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                os.close(fd)
+                raise
+            self.warning = (f"{self.run_dir}: this file system has no file locks ({exc.strerror}); a second run "
+                            "started on this folder would not be detected")
+        self.previous = os.pread(fd, 4096, 0)
+        os.ftruncate(fd, 0)
+        since = datetime.datetime.now().isoformat(timespec="seconds")
+        os.pwrite(fd, json.dumps({"tool": self.tool, "pid": os.getpid(), "host": socket.gethostname(),
+                                  "since": since}).encode(), 0)
+        self._fd = fd
+        return self
+
+    def restore(self) -> None:
+        """Put back what the lock file said before this lock was taken (a refused run leaves no change)."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, self.previous, 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)   # closing the descriptor releases the flock
+            self._fd = None
