@@ -11,6 +11,7 @@ import numpy as np
 
 from common import checkpoint
 from common.distributed import SEED_STATE_MARKER, Distributed
+from common.errors import NonFiniteLoss
 from common.flops import TRAINING_FLOPS_FACTOR
 from common.metrics import ConfusionMatrix, iou_from_confusion
 
@@ -174,31 +175,44 @@ def rng_variables(model) -> list:
 class SaveCheckpoint(keras.callbacks.Callback):
     """A checkpoint after every epoch, and on demand mid-epoch (preemption).
 
-    Runs on every rank: each rank's random-number state is gathered to rank 0,
-    which writes the file (model, optimizer, position, RNG states).
+    Runs on every rank: every rank first counts the non-finite arrays of its model and optimizer state
+    and the counts are summed over ranks, so a NaN weight stops every rank with
+    :class:`~common.errors.NonFiniteLoss` before anything is written (the previous checkpoint stays the
+    newest); then each rank's random-number state is gathered to rank 0, which writes the file (model,
+    optimizer, position, RNG states, ``resume_record``: what a resume must match).  The watchdog is in its
+    ``saving`` phase meanwhile, so ranks waiting for a long write are not taken for hung.
     """
 
-    def __init__(self, directory, dist: Distributed, keep: int = 2, watchdog=None):
+    def __init__(self, directory, dist: Distributed, keep: int = 2, watchdog=None, resume_record: dict | None = None):
         super().__init__()
         self.directory = directory
         self.dist = dist
         self.keep = keep
         self.watchdog = watchdog
+        self.resume_record = dict(resume_record or {})
 
     def save(self, epochs_completed: int, step_in_epoch: int = 0):
-        if self.watchdog is not None:
-            self.watchdog.beat()
+        previous = self.watchdog.phase("saving", "writing a checkpoint") if self.watchdog is not None else None
+        optimizer = self.model.optimizer
+        variables = state_variables(self.model) + list(optimizer.variables)
+        bad = checkpoint.nonfinite_arrays([np.asarray(v) for v in variables])
+        total_bad = int(self.dist.sum_array(np.array([len(bad)], np.int64))[0])
+        if total_bad:
+            first = variables[bad[0]].path if bad else "on another rank"
+            where = f"epoch {epochs_completed + 1}, step {step_in_epoch}" if step_in_epoch else \
+                f"the end of epoch {epochs_completed}"
+            raise NonFiniteLoss(f"weights hold NaN or Inf at {where} ({len(bad)} array(s) here, first: {first}); "
+                                "checkpoint not written")
         gathered = self.dist.allgather_object([np.asarray(v) for v in rng_variables(self.model)])
         if self.dist.is_root:
-            optimizer = self.model.optimizer
-            state = {"step": int(np.asarray(optimizer.iterations))}
+            state = {"step": int(np.asarray(optimizer.iterations)), **self.resume_record}
             checkpoint.save_checkpoint(self.directory, epochs_completed, state_variables(self.model),
                                        optimizer.variables, state, keep=self.keep, step_in_epoch=step_in_epoch,
                                        rng_states=gathered)
         # Nobody leaves (a preemption exit, a launcher killing the job) before rank 0 has written it.
         self.dist.barrier()
         if self.watchdog is not None:
-            self.watchdog.beat()
+            self.watchdog.phase(previous)
 
     def on_epoch_end(self, epoch, logs=None):
         self.save(epoch + 1)

@@ -1,12 +1,24 @@
-"""Checkpoints: one format, written atomically, kept until a newer one is whole.
+"""Checkpoints: one format, written atomically, never holding a NaN, kept until a newer one is whole.
 
 A checkpoint is one ``.npz`` file holding every model variable, every
 optimizer variable (slots, iterations, loss scale), each rank's random-number
 state (dropout seed generators) and a JSON state record: the position
-(epochs completed and steps into the next epoch), the optimizer step, and
-free-form extras.  It is written to a temporary name in the same directory,
-flushed to disk and renamed, so a kill during a save never leaves a broken
-latest checkpoint; older ones are removed only after the new one is in place.
+(epochs completed and steps into the next epoch), the optimizer step, what a
+resume must match (global batch, steps per epoch, precision, optimizer) and
+free-form extras.
+
+Writing: the arrays are checked finite first (a non-finite weight is
+:class:`~common.errors.NonFiniteLoss`, nothing written); then a temporary file
+of a name unique to this writer in the same folder, flushed to disk, renamed;
+older ones are removed only after the new one is in place.  A failed write
+removes its temporary file; one left by a killed writer (``.ckpt-*.tmp``) is
+removed by the next run that holds the run directory's lock
+(:func:`remove_stale_temporaries`).
+
+Reading: :func:`load_checkpoint` reads every array (so a bad CRC or a
+truncated file is found before anything is assigned) and names the file when
+it cannot; :func:`newest_readable` falls back to the previous checkpoint, with
+a warning naming the bad one.
 
 Names: ``ckpt-epoch-00003.npz`` after 3 whole epochs, and
 ``ckpt-epoch-00003-step-0000012.npz`` 12 steps into the 4th (preemption).
@@ -15,16 +27,29 @@ Names: ``ckpt-epoch-00003.npz`` after 3 whole epochs, and
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import re
+import tempfile
+import zipfile
 
 import numpy as np
 
-from common.errors import UserInputError
+from common.errors import NonFiniteLoss, UserInputError
+from common.outputs import honour_umask
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-epoch-(\d+)(?:-step-(\d+))?\.npz$")
+TEMPORARY_PATTERN = re.compile(r"^\.ckpt-epoch-\d+(?:-step-\d+)?\.npz\..+\.tmp$")
 STATE_KEY = "__state__"
+# State-record keys a resume must match (written since they were introduced; older checkpoints lack them).
+RESUME_KEYS = ("global_batch_size", "steps_per_epoch", "precision", "optimizer")
+
+
+class CorruptCheckpoint(UserInputError):
+    """A checkpoint file that cannot be read back whole."""
 
 
 def checkpoint_path(directory: str | pathlib.Path, epoch: int, step_in_epoch: int = 0) -> pathlib.Path:
@@ -33,7 +58,7 @@ def checkpoint_path(directory: str | pathlib.Path, epoch: int, step_in_epoch: in
 
 
 def list_checkpoints(directory: str | pathlib.Path) -> list[pathlib.Path]:
-    """Complete checkpoints in ``directory``, oldest first (by position in training)."""
+    """Checkpoints in ``directory``, oldest first (by position in training)."""
     directory = pathlib.Path(directory)
     if not directory.is_dir():
         return []
@@ -47,17 +72,36 @@ def latest_checkpoint(directory: str | pathlib.Path) -> pathlib.Path | None:
     return found[-1] if found else None
 
 
+def nonfinite_arrays(arrays) -> list[int]:
+    """Indices of the float arrays among ``arrays`` that hold a NaN or Inf."""
+    out = []
+    for i, array in enumerate(arrays):
+        array = np.asarray(array)
+        if array.dtype.kind == "f" or array.dtype.name == "bfloat16":
+            if not np.all(np.isfinite(array.astype(np.float32, copy=False))):
+                out.append(i)
+    return out
+
+
 def save_checkpoint(directory: str | pathlib.Path, epoch: int, model_variables, optimizer_variables,
                     state: dict, keep: int = 2, step_in_epoch: int = 0,
                     rng_states: list[list[np.ndarray]] | None = None) -> pathlib.Path:
     """Write the checkpoint atomically and prune to the newest ``keep``.
 
-    ``rng_states[r]`` holds rank r's seed-generator states.
+    ``rng_states[r]`` holds rank r's seed-generator states.  Raises :class:`NonFiniteLoss` (nothing
+    written) when a model or optimizer array holds NaN/Inf.
     """
     directory = pathlib.Path(directory)
+    model_arrays = [np.asarray(v.numpy()) for v in model_variables]
+    optimizer_arrays = [np.asarray(v.numpy()) for v in optimizer_variables]
+    bad = [model_variables[i].path for i in nonfinite_arrays(model_arrays)] + \
+          [optimizer_variables[i].path for i in nonfinite_arrays(optimizer_arrays)]
+    if bad:
+        raise NonFiniteLoss(f"{len(bad)} weight array(s) hold NaN or Inf at epoch {epoch + (1 if step_in_epoch else 0)}"
+                            f" (first: {bad[0]}); checkpoint not written")
     directory.mkdir(parents=True, exist_ok=True)
-    arrays = {f"model/{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(model_variables)}
-    arrays.update({f"optimizer/{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(optimizer_variables)})
+    arrays = {f"model/{i:05d}": a for i, a in enumerate(model_arrays)}
+    arrays.update({f"optimizer/{i:05d}": a for i, a in enumerate(optimizer_arrays)})
     for rank, states in enumerate(rng_states or []):
         arrays.update({f"rng/{rank:05d}/{i:05d}": np.asarray(s) for i, s in enumerate(states)})
     record = dict(state, epoch=epoch, step_in_epoch=step_in_epoch, ranks=len(rng_states or []),
@@ -65,15 +109,35 @@ def save_checkpoint(directory: str | pathlib.Path, epoch: int, model_variables, 
                   optimizer_paths=[v.path for v in optimizer_variables])
     arrays[STATE_KEY] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
     final = checkpoint_path(directory, epoch, step_in_epoch)
-    temporary = final.with_name(final.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        np.savez(handle, **arrays)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, final)
+    descriptor, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=directory)
+    temporary = pathlib.Path(name)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            np.savez(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        honour_umask(temporary)
+        os.replace(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)   # this writer's own; gone already after the rename
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+def remove_stale_temporaries(directory: str | pathlib.Path) -> list[pathlib.Path]:
+    """Remove the temporary files of checkpoint writers that were killed mid-save.
+
+    Call only while holding the run directory's lock: then no writer of this run directory is alive.
+    """
+    directory = pathlib.Path(directory)
+    removed = []
+    if directory.is_dir():
+        for path in directory.iterdir():
+            if TEMPORARY_PATTERN.match(path.name) and path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 def read_state(path: str | pathlib.Path) -> dict:
@@ -81,29 +145,87 @@ def read_state(path: str | pathlib.Path) -> dict:
         return json.loads(bytes(data[STATE_KEY]).decode())
 
 
-def restore_checkpoint(path: str | pathlib.Path, model_variables, optimizer_variables) -> tuple[dict, list]:
-    """Assign saved values to the given variables (same model and optimizer).
+def load_checkpoint(path: str | pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """(state record, every array) of a checkpoint, read completely: every member's CRC is checked.
 
-    Returns the state record and the per-rank random-number states.
+    Raises :class:`CorruptCheckpoint` naming the file when it is truncated, fails a CRC or lacks its
+    state record.
     """
     path = pathlib.Path(path)
     try:
-        data = np.load(path)
-    except (OSError, ValueError) as exc:
-        raise UserInputError(f"{path}: not a readable checkpoint ({exc})") from None
-    with data:
-        state = json.loads(bytes(data[STATE_KEY]).decode())
-        for prefix, variables in (("model", model_variables), ("optimizer", optimizer_variables)):
-            saved = sorted(k for k in data.files if k.startswith(prefix + "/"))
-            if len(saved) != len(variables):
-                raise UserInputError(f"{path}: holds {len(saved)} {prefix} variables, this run has {len(variables)} "
-                                     "(was it written by another model or optimizer config?)")
-            for key, variable in zip(saved, variables):
-                value = data[key]
-                if tuple(value.shape) != tuple(variable.shape):
-                    raise UserInputError(f"{path}: {prefix} variable {variable.path} has shape "
-                                         f"{tuple(variable.shape)} here but {value.shape} in the checkpoint")
-                variable.assign(value)
-        rng = [[data[k] for k in sorted(k for k in data.files if k.startswith(f"rng/{rank:05d}/"))]
-               for rank in range(state.get("ranks", 0))]
-    return state, rng
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+        state = json.loads(bytes(arrays.pop(STATE_KEY)).decode())
+        if not isinstance(state, dict) or "epoch" not in state:
+            raise ValueError("no position in its state record")
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CorruptCheckpoint(f"{path}: not a readable checkpoint ({reason})") from None
+    return state, arrays
+
+
+def newest_readable(directory: str | pathlib.Path) -> tuple[pathlib.Path, dict, dict] | None:
+    """(path, state, arrays) of the newest checkpoint that reads back whole; older ones are tried when the
+    newest is corrupt (each skipped one named in a warning).  None when there is none; a
+    :class:`CorruptCheckpoint` naming them all when none reads."""
+    candidates = list_checkpoints(directory)
+    bad = []
+    for path in reversed(candidates):
+        try:
+            state, arrays = load_checkpoint(path)
+        except CorruptCheckpoint as exc:
+            log.warning(f"{exc}; trying the previous checkpoint")
+            bad.append(path.name)
+            continue
+        return path, state, arrays
+    if bad:
+        raise CorruptCheckpoint(f"{directory}: no readable checkpoint ({', '.join(bad)} are corrupt); start afresh "
+                                "with --force, or restore a checkpoint from a copy")
+    return None
+
+
+def check_compatible(path, state: dict, arrays: dict, model_variables, optimizer_variables,
+                     expected: dict) -> None:
+    """Raise :class:`UserInputError` naming ``path`` unless the checkpoint fits this run: the same number
+    and shapes of model and optimizer variables, and each of :data:`RESUME_KEYS` the checkpoint records
+    equal to ``expected``."""
+    for prefix, variables in (("model", model_variables), ("optimizer", optimizer_variables)):
+        saved = sorted(k for k in arrays if k.startswith(prefix + "/"))
+        if len(saved) != len(variables):
+            raise UserInputError(f"{path}: holds {len(saved)} {prefix} variables, this run has {len(variables)} "
+                                 "(was it written by another model or optimizer config?); not resumed")
+        for key, variable in zip(saved, variables):
+            if tuple(arrays[key].shape) != tuple(variable.shape):
+                raise UserInputError(f"{path}: {prefix} variable {variable.path} has shape {tuple(variable.shape)} "
+                                     f"here but {arrays[key].shape} in the checkpoint (another model config?); "
+                                     "not resumed")
+    explain = {
+        "global_batch_size": "ranks x data.batch_size; the checkpoint's position and learning-rate schedule "
+                             "count steps of its global batch",
+        "steps_per_epoch": "the training set or data.n_train changed; the position counts the checkpoint's steps",
+        "precision": "train.precision",
+        "optimizer": "optimizer.name / optimizer.larc.enabled",
+    }
+    for key in RESUME_KEYS:
+        if key in state and key in expected and state[key] != expected[key]:
+            raise UserInputError(f"{path}: written with {key} {state[key]}, this run has {expected[key]} "
+                                 f"({explain[key]}); not resumed: restore the setting, or start afresh with --force "
+                                 "or another --output-dir")
+
+
+def assign_checkpoint(state: dict, arrays: dict, model_variables, optimizer_variables) -> list:
+    """Assign the loaded arrays (checked by :func:`check_compatible`) to the variables; the per-rank
+    random-number states."""
+    for prefix, variables in (("model", model_variables), ("optimizer", optimizer_variables)):
+        for key, variable in zip(sorted(k for k in arrays if k.startswith(prefix + "/")), variables):
+            variable.assign(arrays[key])
+    return [[arrays[k] for k in sorted(k for k in arrays if k.startswith(f"rng/{rank:05d}/"))]
+            for rank in range(state.get("ranks", 0))]
+
+
+def restore_checkpoint(path: str | pathlib.Path, model_variables, optimizer_variables,
+                       expected: dict | None = None) -> tuple[dict, list]:
+    """Read ``path`` whole, check it fits, assign it: (state record, per-rank random-number states)."""
+    state, arrays = load_checkpoint(path)
+    check_compatible(path, state, arrays, model_variables, optimizer_variables, expected or {})
+    return state, assign_checkpoint(state, arrays, model_variables, optimizer_variables)

@@ -36,4 +36,5 @@ class Preempted(Exception):
 
 
 class NonFiniteLoss(Exception):
-    """The loss became NaN or Inf (beyond what loss scaling may skip)."""
+    """The loss, the allreduced gradients or the weights became NaN or Inf (beyond what loss scaling may
+    skip); the trainer sets ``kept`` (rank 0): the newest checkpoint left, or None."""

@@ -5,13 +5,19 @@
   (``TrainingModel.train_step``), so all ranks learn of a stop requested on
   any of them within one step, and stop at the same step boundary.
 - :class:`StepGuard` (a callback on every rank) reads, after each step, the
-  rank-averaged loss and the stop flag: it saves a mid-epoch checkpoint and
-  raises :class:`Preempted` on a stop, and raises :class:`NonFiniteLoss` on a
-  NaN/Inf loss (at once without loss scaling, after N in a row with it, since
-  the loss-scale optimizer skips those steps itself).
-- :class:`Watchdog` exits the process when no step, validation batch or epoch
-  end has happened for ``train.hang_timeout_s``: a rank that died mid-allreduce
-  must not leave the others waiting forever.
+  rank-averaged loss, whether the allreduced gradients were all finite, and the
+  stop flag: it saves a mid-epoch checkpoint and raises :class:`Preempted` on a
+  stop, and raises :class:`NonFiniteLoss` on a NaN/Inf loss or gradient (at
+  once without loss scaling, after N in a row with it, since the loss-scale
+  optimizer skips those steps itself).  Every rank sees the same values, so
+  every rank stops at the same step.
+- :class:`Watchdog` exits the process (code 4) when a phase makes no progress
+  for its time limit: start-up (screening, building, broadcasting, the first
+  step's trace) ``train.startup_timeout_s``; training (no step, validation
+  batch or epoch end) ``train.hang_timeout_s``; a checkpoint or the final
+  model being written ``train.save_timeout_s``.  A rank that died
+  mid-allreduce must not leave the others waiting forever, and a long save on
+  rank 0 must not kill the ranks waiting for it.
 """
 
 from __future__ import annotations
@@ -41,26 +47,58 @@ class StepSignals:
         self.stop_requested = tf.Variable(0.0, trainable=False, name="stop_requested")
         self.global_stop = tf.Variable(0.0, trainable=False, name="global_stop")
         self.global_loss = tf.Variable(0.0, trainable=False, name="global_loss")
+        # 1 when every allreduced gradient of the step was finite (the same on every rank of a group).
+        self.gradients_finite = tf.Variable(1.0, trainable=False, name="gradients_finite")
         self.exchange_ready = tf.Variable(0.0, trainable=False, name="exchange_ready")
         self.group_exchange_ready = tf.Variable(0.0, trainable=False, name="group_exchange_ready")
 
 
 class Watchdog:
-    """Kills this process (exit code 4) when nothing has progressed for ``timeout_s``."""
+    """Kills this process (exit code 4) when the current phase has made no progress for its time limit.
 
-    def __init__(self, timeout_s: float, rank: int, poll_s: float | None = None):
-        self.timeout_s = timeout_s
+    Phases: ``start-up`` until the first training step ends, ``training``, and ``saving`` (checkpoints,
+    the final model).  :meth:`beat` records progress; :meth:`phase` enters a phase (and counts as
+    progress).  A limit of 0 leaves that phase unguarded.
+    """
+
+    def __init__(self, timeout_s: float, rank: int, poll_s: float | None = None, startup_timeout_s: float = 0.0,
+                 save_timeout_s: float = 0.0):
         self.rank = rank
+        self.limits = {"start-up": (startup_timeout_s, "train.startup_timeout_s"),
+                       "training": (timeout_s, "train.hang_timeout_s"),
+                       "saving": (save_timeout_s, "train.save_timeout_s")}
+        self.timeout_s = timeout_s
+        self._phase = "start-up"
+        self._what = "screening the data, building the model, the first step"
         self._last = time.monotonic()
-        self._armed = False
         self._stopped = threading.Event()
-        self._poll_s = poll_s or max(0.5, min(10.0, timeout_s / 10))
+        shortest = min([t for t, _ in self.limits.values() if t > 0] or [10.0])
+        self._poll_s = poll_s or max(0.2, min(10.0, shortest / 10))
         self._thread = threading.Thread(target=self._run, name="training-watchdog", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def for_run(cls, train_cfg, rank: int) -> "Watchdog | None":
+        """The watchdog a run's ``train`` section asks for (None when every limit is 0)."""
+        limits = (train_cfg.hang_timeout_s, train_cfg.startup_timeout_s, train_cfg.save_timeout_s)
+        if not any(limits):
+            return None
+        return cls(train_cfg.hang_timeout_s, rank, startup_timeout_s=train_cfg.startup_timeout_s,
+                   save_timeout_s=train_cfg.save_timeout_s)
+
+    @property
+    def current_phase(self) -> str:
+        return self._phase
+
     def beat(self):
         self._last = time.monotonic()
-        self._armed = True
+
+    def phase(self, name: str, what: str = "") -> str:
+        """Enter phase ``name`` ("start-up", "training", "saving"); returns the one it leaves."""
+        previous = self._phase
+        self._phase, self._what = name, what
+        self.beat()
+        return previous
 
     def stop(self):
         self._stopped.set()
@@ -68,9 +106,11 @@ class Watchdog:
     def _run(self):
         while not self._stopped.wait(self._poll_s):
             idle = time.monotonic() - self._last
-            if self._armed and idle > self.timeout_s:
-                print(f"error: rank {self.rank}: no training progress for {idle:.0f} s (train.hang_timeout_s="
-                      f"{self.timeout_s:g}); another rank has probably died or hung; exiting",
+            limit, key = self.limits[self._phase]
+            if limit > 0 and idle > limit:
+                what = f" ({self._what})" if self._what else ""
+                print(f"error: rank {self.rank}: no progress for {idle:.0f} s in {self._phase}{what} ({key}="
+                      f"{limit:g}); another rank has probably died or hung; exiting",
                       file=sys.stderr, flush=True)
                 os._exit(EXIT_HUNG)
 
@@ -114,14 +154,19 @@ class StepGuard(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.watchdog is not None:
+            if self.watchdog.current_phase == "start-up":
+                self.watchdog.phase("training")
             self.watchdog.beat()
         offset = self.first_step_offset if self._epoch == self._first_epoch else 0
         step_in_epoch = offset + batch + 1
         loss = float(self.signals.global_loss.numpy())
-        if not math.isfinite(loss):
+        gradients_finite = float(self.signals.gradients_finite.numpy()) > 0
+        if not math.isfinite(loss) or not gradients_finite:
             self.nonfinite_in_a_row += 1
             if not self.loss_scaled or self.nonfinite_in_a_row >= self.max_nonfinite_steps:
-                raise NonFiniteLoss(f"loss is {loss} at epoch {self._epoch + 1}, step {step_in_epoch}"
+                what = f"loss is {loss}" if not math.isfinite(loss) else \
+                    f"the gradients hold NaN or Inf (loss {loss:.4g})"
+                raise NonFiniteLoss(f"{what} at epoch {self._epoch + 1}, step {step_in_epoch}"
                                     + (f" ({self.nonfinite_in_a_row} non-finite steps in a row)"
                                        if self.loss_scaled else ""))
         else:
