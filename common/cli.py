@@ -46,6 +46,15 @@ def exit_on_user_error():
         exit_process(EXIT_BAD_INPUT)
 
 
+def nonfinite_outcome(exc: Exception, output_dir) -> str:
+    """What a run stopped by NaN/Inf kept, as true as the run directory says (``exc.kept``: the newest
+    checkpoint left, set by the trainer on rank 0)."""
+    kept = getattr(exc, "kept", None)
+    if kept is not None and pathlib.Path(kept).is_file():
+        return f"nothing non-finite was saved; the last good checkpoint is {kept} (--resume continues from it)"
+    return f"nothing non-finite was saved; no checkpoint was written before it (nothing in {output_dir} to resume)"
+
+
 def train_parser(app) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {app.name}.train", description=f"Train {app.name}.")
     default = str(app.default_config) if app.default_config else None
@@ -139,9 +148,11 @@ def run_train(package: str, argv=None) -> int:
                 print(f"preempted: {exc}; rerun with --resume (exit {EXIT_PREEMPTED})", file=sys.stderr, flush=True)
             return EXIT_PREEMPTED
         except NonFiniteLoss as exc:
-            print(f"error: rank {dist.rank}: {exc}; the last good checkpoint is kept in {output_dir}/checkpoints "
-                  "(check the data with python -m common.check_data, or lower the learning rate)",
-                  file=sys.stderr, flush=True)
+            if dist.is_root:
+                print(f"error: {exc}; {nonfinite_outcome(exc, output_dir)} (check the data with "
+                      "python -m common.check_data, or lower the learning rate)", file=sys.stderr, flush=True)
+            else:
+                print(f"error: rank {dist.rank}: {exc}", file=sys.stderr, flush=True)
             return EXIT_NONFINITE
         except UserInputError:
             raise

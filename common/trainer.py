@@ -111,6 +111,9 @@ class TrainingModel(keras.Model):
             # allreduce has no consumer until the next step, so it runs alongside the update.
             self._apply_lagged(variables)
         gradients = self._dist.allreduce_gradients(gradients, compression=self._gradient_compression)
+        # The same on every rank (the gradients are allreduced): a NaN/Inf gradient stops every rank at this
+        # step (StepGuard), before a NaN weight can reach a checkpoint or model.keras.
+        self.step_signals.gradients_finite.assign(tf.cast(all_finite(gradients), tf.float32))
         if self._lagged_gradients:
             for buffer, gradient in zip(self._lagged_gradients, gradients):
                 buffer.assign(gradient)
@@ -138,6 +141,13 @@ class TrainingModel(keras.Model):
 
         # The first step has nothing to apply yet.
         tf.cond(self._lag_filled > 0, apply, lambda: tf.constant(False))
+
+
+def all_finite(tensors) -> tf.Tensor:
+    """Whether every element of ``tensors`` (None and IndexedSlices allowed) is finite: one boolean."""
+    checks = [tf.reduce_all(tf.math.is_finite(t.values if isinstance(t, tf.IndexedSlices) else t))
+              for t in tensors if t is not None]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
 def configure_determinism(cfg: AppConfig, dist: Distributed) -> None:
@@ -178,16 +188,11 @@ def measure_peak_flops(cfg: AppConfig, dist: Distributed) -> float:
     return total
 
 
-def _atomic_save_model(network: keras.Model, path: pathlib.Path) -> None:
+def _atomic_save_model(network: keras.Model, path: pathlib.Path, force: bool = False) -> None:
     from common.layers import plain_keras
 
-    with outputs.atomic_path(path, suffix=".keras") as temporary:
+    with outputs.atomic_path(path, force=force, suffix=".keras") as temporary:
         plain_keras(network).save(temporary)  # loads with Keras alone
-
-
-def _write_json(path: pathlib.Path, payload: dict) -> None:
-    with outputs.atomic_path(path) as temporary:
-        temporary.write_text(json.dumps(payload, indent=2) + "\n")
 
 
 @dataclasses.dataclass
@@ -222,7 +227,12 @@ def prepare_run(app: Application, cfg: AppConfig, dist: Distributed, datasets: D
     schedule, optimizer and the compiled :class:`TrainingModel`.  Nothing broadcast yet: a run restores its
     checkpoint first."""
     datasets = datasets if datasets is not None else prepare_data(app, cfg, dist)
-    network = app.build_model(cfg)
+    try:
+        network = app.build_model(cfg)
+    except ValueError as exc:   # Keras' shape errors: a model config that does not fit the data
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserInputError(f"{app.name}: the model section cannot be built for this data ({first}); check "
+                             "model.* against data.sample_shape / data.image_size / data.grid") from None
     for output in network.outputs:
         if output.dtype != "float32":
             raise TypeError(f"{app.name} model output {output.name} is {output.dtype}; build the last layer "
@@ -241,38 +251,152 @@ def prepare_run(app: Application, cfg: AppConfig, dist: Distributed, datasets: D
                peak_lr)
 
 
-def _claim_run_dir(output_dir: pathlib.Path, resume: bool, force: bool):
-    """(latest checkpoint, whether it is an earlier run's to remove) after the run directory's checks."""
+@dataclasses.dataclass
+class Claim:
+    """What :func:`_claim_run_dir` found: the newest checkpoint (a path on rank 0), whether it belongs to an
+    earlier run that ``--force`` replaces, and the names this run writes in the folder."""
+
+    latest: pathlib.Path | None
+    earlier_run: bool
+    names: list[str]
+    mlperf_path: pathlib.Path | None
+    created: list[pathlib.Path] = dataclasses.field(default_factory=list)   # by the claim: the lock file, the folder
+
+
+def run_file_names(app: Application, cfg: AppConfig, output_dir: pathlib.Path) -> tuple[list[str], pathlib.Path | None]:
+    """(the names a run writes in its folder, the MLPerf log's path or None)."""
+    names = ["config.yaml", "history.csv", "summary.json", "model.keras", "checkpoints/"]
+    if cfg.train.tensorboard:
+        names.append("tensorboard/")
+    mlperf_path = None
+    if cfg.mlperf.enabled and app.mlperf is not None:
+        mlperf_path = output_dir / cfg.mlperf.log_file
+        if mlperf_path.parent.resolve() == output_dir.resolve():
+            names.append(mlperf_path.name)
+    return names, mlperf_path
+
+
+def _claim_run_dir(app: Application, cfg: AppConfig, dist: Distributed, output_dir: pathlib.Path, resume: bool,
+                   force: bool, lock_holder: list) -> Claim:
+    """Rank 0 checks the run directory and takes its lock before any other work; every rank gets the
+    verdict (a refusal is the same one-line error on every rank).  Nothing of the run is written yet:
+    only the folder and its lock file are created."""
+    verdict: Claim | str
+    if dist.is_root:
+        try:
+            verdict = _claim_on_root(app, cfg, output_dir, resume, force, lock_holder)
+        except UserInputError as exc:
+            verdict = str(exc)
+    else:
+        verdict = ""
+    verdict = dist.broadcast_object(verdict)
+    if isinstance(verdict, str):
+        raise UserInputError(verdict)
+    return verdict
+
+
+def _claim_on_root(app, cfg, output_dir, resume, force, lock_holder) -> Claim:
+    outputs.check_writable_folder(output_dir, "--output-dir")
     outputs.check_run_dir(output_dir, resume, force)
-    latest = checkpoint.latest_checkpoint(output_dir / "checkpoints")
+    created = []
+    missing = [folder for folder in (output_dir, *output_dir.parents) if not folder.exists()]
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(f"{output_dir}: --output-dir cannot be created ({exc.strerror})") from None
+    if not (output_dir / outputs.RUN_LOCK).exists():
+        created.append(output_dir / outputs.RUN_LOCK)
+    created += missing   # innermost first
+    lock = outputs.RunDirLock(output_dir, f"{app.name}.train").acquire()
+    lock.created = created
+    lock_holder.append(lock)   # held until the run ends
+    if lock.warning:
+        log.warning(lock.warning)
+    checkpoint_dir = output_dir / "checkpoints"
+    for stale in checkpoint.remove_stale_temporaries(checkpoint_dir):
+        log.warning(f"removed {stale.name}, left by a checkpoint write that was killed")
+    latest = checkpoint.latest_checkpoint(checkpoint_dir)
     earlier_run = latest is not None and not resume
     if earlier_run and not force:
         raise UserInputError(f"{output_dir}: holds checkpoints of an earlier run ({latest.name}); "
                              "pass --resume to continue it, --force to start afresh, or choose another --output-dir")
-    if earlier_run and not outputs.written_by_suite(output_dir):
-        raise UserInputError(f"{output_dir / 'checkpoints'}: holds checkpoints this suite did not mark as its own "
-                             f"({latest.name}); not removed: choose another --output-dir")
-    return latest, earlier_run
+    if latest is not None and not outputs.written_by_suite(checkpoint_dir):
+        raise UserInputError(f"{checkpoint_dir}: holds checkpoints this suite did not mark as its own "
+                             f"({latest.name}); not {'resumed' if resume else 'removed'}: choose another --output-dir")
+    names, mlperf_path = run_file_names(app, cfg, output_dir)
+    outputs.check_run_files(output_dir, names, force)
+    if mlperf_path is not None and mlperf_path.name not in names:
+        _check_external_log(output_dir, mlperf_path, resume)
+    return Claim(latest, earlier_run, names, mlperf_path)
 
 
-def _start_or_resume(run: Run, dist: Distributed, latest, resume: bool, checkpoint_dir) -> tuple[int, int]:
-    """(epochs completed, steps into the next) from the latest checkpoint or zero; every rank then holds
-    rank 0's state (and its own dropout RNG state back)."""
-    position = (0, 0)
-    rng_states: list = []
-    if resume and latest is not None:
-        if dist.is_root:
-            state, rng_states = checkpoint.restore_checkpoint(latest, state_variables(run.model),
-                                                              run.optimizer.variables)
-            position = (int(state["epoch"]), int(state.get("step_in_epoch", 0)))
-            log.info(f"resuming from {latest} (epoch {position[0] + 1}, step {position[1]} of it; "
-                     f"optimizer step {state.get('step')})")
-        position, rng_states = dist.broadcast_object((position, rng_states))
-    elif resume:
-        log.info(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch")
-    dist.broadcast_variables(state_variables(run.model) + run.optimizer.variables)
-    _restore_rng(run.model, rng_states, dist)
-    return position
+def _check_external_log(output_dir: pathlib.Path, path: pathlib.Path, resume: bool) -> None:
+    """An MLPerf log outside the run directory must be a new file, or (``--resume``) the one this run
+    directory's earlier attempt created (its marker lists it)."""
+    record = outputs.read_run_marker(output_dir) or {}
+    ours = str(path.resolve()) in record.get("external", [])
+    if path.exists() and not (resume and ours):
+        raise UserInputError(f"{path}: mlperf.log_file exists and was not started by this run directory's training; "
+                             "the log is appended to, so name a new file (or a relative name, inside the run "
+                             "directory)")
+    outputs.check_writable_folder(path.parent, "the folder of mlperf.log_file")
+
+
+def _resume_record(cfg: AppConfig, run: Run) -> dict:
+    """What a checkpoint records for a resume to match (:data:`common.checkpoint.RESUME_KEYS`)."""
+    opt = cfg.optimizer
+    return {"global_batch_size": run.global_batch_size, "steps_per_epoch": run.datasets.steps_per_epoch,
+            "precision": cfg.train.precision, "optimizer": opt.name + ("+larc" if opt.larc.enabled else "")}
+
+
+def _load_resume_state(run: Run, cfg: AppConfig, dist: Distributed, claim: Claim, resume: bool):
+    """Rank 0 reads the newest checkpoint that reads back whole (falling back past corrupt ones, each named)
+    and checks that it fits this run, then assigns it; every rank gets ((epochs completed, steps into the
+    next), per-rank RNG states), or the same one-line refusal.  Before anything of the run is written."""
+    verdict: tuple | str = ((0, 0), [])
+    if dist.is_root and resume and claim.latest is not None:
+        try:
+            found = checkpoint.newest_readable(claim.latest.parent)
+            if found is not None:
+                path, state, arrays = found
+                checkpoint.check_compatible(path, state, arrays, state_variables(run.model), run.optimizer.variables,
+                                            _resume_record(cfg, run))
+                rng_states = checkpoint.assign_checkpoint(state, arrays, state_variables(run.model),
+                                                          run.optimizer.variables)
+                position = (int(state["epoch"]), int(state.get("step_in_epoch", 0)))
+                log.info(f"resuming from {path} (epoch {position[0] + 1}, step {position[1]} of it; "
+                         f"optimizer step {state.get('step')})")
+                verdict = (position, rng_states)
+        except UserInputError as exc:
+            verdict = str(exc)
+    elif dist.is_root and resume:
+        log.info("--resume: no checkpoint in the run directory; starting from scratch")
+    verdict = dist.broadcast_object(verdict)
+    if isinstance(verdict, str):
+        raise UserInputError(verdict)
+    return verdict
+
+
+def _start_run_dir(app: Application, cfg: AppConfig, output_dir: pathlib.Path, claim: Claim, force: bool) -> None:
+    """Rank 0, once every check has passed: the marker (listing what this run writes), an earlier run's
+    checkpoints removed (``--force``), the resolved config."""
+    outputs.mark_run_dir(output_dir, app.name, claim.names)
+    if claim.mlperf_path is not None and claim.mlperf_path.name not in claim.names:
+        outputs.record_external(output_dir, claim.mlperf_path)
+    if claim.earlier_run:   # --force over a run of this suite: its checkpoints would mix with this run's
+        for old in checkpoint.list_checkpoints(output_dir / "checkpoints"):
+            old.unlink()
+    save_config(cfg, output_dir / "config.yaml", force=force)
+
+
+def _check_final_weights(network: keras.Model, dist: Distributed) -> None:
+    """Every rank: the trained network's weights are finite (summed over ranks), or :class:`NonFiniteLoss`
+    before ``model.keras`` is written."""
+    bad = checkpoint.nonfinite_arrays([np.asarray(v) for v in network.weights])
+    if int(dist.sum_array(np.array([len(bad)], np.int64))[0]):
+        first = network.weights[bad[0]].path if bad else "on another rank"
+        raise NonFiniteLoss(f"the trained network's weights hold NaN or Inf ({len(bad)} array(s) here, first: "
+                            f"{first}); model.keras not written")
 
 
 def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str | pathlib.Path,
@@ -281,31 +405,74 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     """Train ``app`` as configured; write the run directory; return the summary.
 
     ``force``: start afresh in a run directory of an earlier run (its checkpoints are removed) or write
-    into one that holds files the suite did not write (the run's own file names replace theirs)."""
+    into one that holds files the suite did not write (the run's own file names replace theirs).
+
+    Order: the run directory's checks and lock, the data's screening, the model, the checkpoint's
+    compatibility; only then is anything of the run written (marker, config, logs).  A
+    :class:`NonFiniteLoss` leaving here carries ``kept``: the newest checkpoint left (rank 0; None
+    when there is none)."""
     started = time.time()
     output_dir = pathlib.Path(output_dir)
+    stop_request = stop_request or StopRequest()   # the entry point's, installed before TensorFlow loaded
+    watchdog = Watchdog.for_run(cfg.train, dist.rank)
+    lock_holder: list = []
+    started_dir: list = []
+    try:
+        return _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request, watchdog, started,
+                      lock_holder, started_dir)
+    except NonFiniteLoss as exc:
+        exc.kept = checkpoint.latest_checkpoint(output_dir / "checkpoints") if dist.is_root else None
+        raise
+    except BaseException:
+        if not started_dir:   # refused before anything of the run was written: leave no trace of the claim
+            for lock in lock_holder:
+                _undo_claim(lock)
+        raise
+    finally:
+        stop_request.close()
+        if watchdog is not None:
+            watchdog.stop()
+        for lock in lock_holder:
+            lock.release()
+
+
+def _undo_claim(lock) -> None:
+    """Remove what the claim created (its lock file, the folders it made, innermost first, if empty),
+    while the lock is still held (so no other run can take the old lock file meanwhile)."""
+    if not any(path.name == outputs.RUN_LOCK for path in getattr(lock, "created", [])):
+        lock.restore()
+    for path in getattr(lock, "created", []):
+        try:
+            if path.name == outputs.RUN_LOCK:
+                path.unlink(missing_ok=True)
+            else:
+                path.rmdir()   # only when empty
+        except OSError:
+            break
+
+
+def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request, watchdog, started,
+           lock_holder, started_dir) -> dict:
     checkpoint_dir = output_dir / "checkpoints"
-    latest, earlier_run = _claim_run_dir(output_dir, resume, force)
+    claim = _claim_run_dir(app, cfg, dist, output_dir, resume, force, lock_holder)
     configure_determinism(cfg, dist)
     datasets = prepare_data(app, cfg, dist)
-    # Written only once the config and data have passed their checks: bad input overwrites nothing.
-    if dist.is_root:
-        outputs.mark_run_dir(output_dir, app.name)
-        if earlier_run:   # --force over a run of this suite: its checkpoints would mix with this run's
-            for old in checkpoint.list_checkpoints(checkpoint_dir):
-                old.unlink()
-        save_config(cfg, output_dir / "config.yaml")
-    mlperf_log = MlperfLog(output_dir / cfg.mlperf.log_file, enabled=cfg.mlperf.enabled and app.mlperf is not None
-                           and dist.is_root)
-    if mlperf_log.enabled:
-        mlperf_log.start("init_start", time_ms=int(started * 1000))
-        mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
-
     run = prepare_run(app, cfg, dist, datasets)
     network, model = run.network, run.model
     forward_flops, global_batch_size, peak_lr, schedule = (run.forward_flops, run.global_batch_size,
                                                            run.peak_learning_rate, run.schedule)
-    position = _start_or_resume(run, dist, latest, resume, checkpoint_dir)
+    position, rng_states = _load_resume_state(run, cfg, dist, claim, resume)
+    # Written only once the run directory, the config, the data, the model and the checkpoint have passed
+    # their checks: bad input overwrites nothing.
+    started_dir.append(True)
+    if dist.is_root:
+        _start_run_dir(app, cfg, output_dir, claim, force)
+    mlperf_log = MlperfLog(claim.mlperf_path, enabled=claim.mlperf_path is not None and dist.is_root)
+    if mlperf_log.enabled:
+        mlperf_log.start("init_start", time_ms=int(started * 1000))
+        mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
+    dist.broadcast_variables(state_variables(run.model) + run.optimizer.variables)
+    _restore_rng(run.model, rng_states, dist)
 
     peak_flops_total = None
     if measure_peak:
@@ -316,10 +483,9 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     if mlperf_log.enabled:
         _log_mlperf_hyperparameters(mlperf_log, app, cfg, datasets, global_batch_size, peak_lr, schedule)
 
-    stop_request = stop_request or StopRequest()   # the entry point's, installed before TensorFlow loaded
-    watchdog = Watchdog(cfg.train.hang_timeout_s, dist.rank) if cfg.train.hang_timeout_s > 0 else None
     throughput = Throughput(global_batch_size, forward_flops, peak_flops_total, cfg.train.throughput_warmup_steps)
-    saver = SaveCheckpoint(checkpoint_dir, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog)
+    saver = SaveCheckpoint(checkpoint_dir, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog,
+                           resume_record=_resume_record(cfg, run))
     # Keras calls callbacks in list order: what measures, then the one synchronisation over ranks, then
     # what writes (every rank takes part in the checkpoint; the rest are rank 0's).
     callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog()]
@@ -362,37 +528,34 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
                 history.setdefault(key, []).extend(values)
             if csv_logger is not None:
                 csv_logger.append = True
-    except Preempted:
-        _finish_mlperf(mlperf_callback, aborted=True)
-        raise
-    except NonFiniteLoss:
+    except (Preempted, NonFiniteLoss):
         _finish_mlperf(mlperf_callback, aborted=True)
         raise
     except tf.errors.OpError as exc:
-        # A reader's DataError raised inside tf.data arrives wrapped in a TF error: unwrap it (exit 2).
-        data_error = data_error_from_pipeline(exc)
+        # A reader's DataError raised inside tf.data arrives wrapped in a TF error: unwrap it (exit 2); a
+        # corrupt record or a broken GZIP stream is looked for in this rank's files, to name the file.
         _finish_mlperf(mlperf_callback, aborted=True)
+        data_error = data_error_from_pipeline(exc) or datasets.diagnose(exc)
         if data_error is not None:
             raise data_error from None
         raise
-    finally:
-        stop_request.close()
-        if watchdog is not None:
-            watchdog.stop()
     _finish_mlperf(mlperf_callback)
     if datasets.skipped_files and dist.is_root:   # the same list on every rank
         log.warning(f"skipped {len(datasets.skipped_files)} bad file(s) (data.on_bad_file: skip); see above")
 
+    if watchdog is not None:
+        watchdog.phase("saving", "precise batch norm, the final model and summary")
     precise_bn = None
     if cfg.train.precise_bn_batches and history.get("loss"):
         precise_bn = _precise_batch_norm(model, datasets, cfg, dist, history)
+    _check_final_weights(network, dist)
     summary = _summary(app, cfg, dist, history, network, forward_flops, global_batch_size, datasets,
                        peak_flops_total, time.time() - started, first_epoch, mlperf_callback)
     if precise_bn is not None:
         summary["precise_bn"] = precise_bn
     if dist.is_root:
-        _atomic_save_model(network, output_dir / "model.keras")
-        _write_json(output_dir / "summary.json", summary)
+        _atomic_save_model(network, output_dir / "model.keras", force=force)
+        outputs.write_json(output_dir / "summary.json", summary, f"{app.name}.train", force=force)
     dist.barrier()
     return summary
 
