@@ -15,7 +15,7 @@ import argparse
 
 from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
-from common.errors import EXIT_BAD_INPUT, ConfigError
+from common.errors import EXIT_BAD_INPUT, ConfigError, DataError, UserInputError
 
 
 def main(argv=None) -> int:
@@ -29,7 +29,14 @@ def main(argv=None) -> int:
         if application.check_data is None:
             raise ConfigError(f"{application.name} has no data checker")
         cfg = load_config(application.config_schema, args.config, args.set)
-        checked, problems = application.check_data(cfg)
+        try:
+            checked, problems = application.check_data(cfg)
+        except UserInputError:
+            raise
+        except Exception as exc:   # noqa: BLE001  a checker reports; it never ends in a traceback
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise DataError(f"{cfg.data.data_dir}: the check stopped ({type(exc).__name__}"
+                            f"{': ' + detail[:300] if detail else ''})") from None
     for problem in problems:
         print(f"problem: {problem}")
     print(f"{application.name}: checked {checked} files in {cfg.data.data_dir}: "

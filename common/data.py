@@ -3,15 +3,17 @@ shared-seed file shuffling with rank sharding, and staging to local storage."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import pathlib
 import re
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
+
+import google_crc32c
 
 import tensorflow as tf
 
@@ -42,6 +44,21 @@ class Datasets:
     train_samples: int        # global samples used for training per epoch
     validation_samples: int   # global samples used for validation
     skipped_files: list[str] = dataclasses.field(default_factory=list)  # data.on_bad_file: skip
+    # After TensorFlow's reader failed without naming a file (a corrupt record, a broken GZIP stream):
+    # re-read this rank's files to find it (the cost only on failure).  None: the reader names its files.
+    find_bad_file: Callable[[], DataError | None] | None = None
+
+    def diagnose(self, exc: Exception) -> DataError | None:
+        """The bad file behind a TensorFlow read error ``exc``, when it looks like one and can be found."""
+        if self.find_bad_file is None:
+            return None
+        text = str(exc).lower()
+        if not isinstance(exc, tf.errors.DataLossError) and not any(
+                word in text for word in ("record", "inflate", "zlib", "gzip", "compress")):
+            return None
+        log.warning(f"a read failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}); "
+                    "re-reading this rank's files to name the bad one")
+        return self.find_bad_file()
 
     def train_stream(self, first_epoch: int, end_epoch: int, skip_steps: int = 0) -> tf.data.Dataset:
         """Epochs ``first_epoch .. end_epoch - 1`` back to back, ``steps_per_epoch``
@@ -63,9 +80,21 @@ def epoch_seed(base_seed: int, epoch: int, salt: int = 0) -> int:
 def list_files(directory: str | pathlib.Path, patterns: tuple[str, ...], what: str) -> list[str]:
     """Sorted files in ``directory`` matching any glob pattern; a clear error if none."""
     directory = pathlib.Path(directory)
+    try:
+        os.stat(directory)
+    except FileNotFoundError:
+        raise DataError(f"{directory}: {what} directory not found") from None
+    except OSError as exc:   # a parent folder that cannot be searched
+        raise DataError(f"{directory}: {what} directory cannot be reached ({exc.strerror})") from None
     if not directory.is_dir():
-        raise DataError(f"{directory}: {what} directory not found")
+        raise DataError(f"{directory}: {what} directory expected, found a file")
+    if not os.access(directory, os.R_OK | os.X_OK):
+        raise DataError(f"{directory}: {what} directory cannot be read (permission denied)")
     files = sorted({str(p) for pattern in patterns for p in directory.glob(pattern) if p.is_file()})
+    unreadable = [f for f in files if not os.access(f, os.R_OK)]
+    if unreadable:
+        raise DataError(f"{unreadable[0]}: cannot be read (permission denied)"
+                        + (f"; {len(unreadable) - 1} more such files" if len(unreadable) > 1 else ""))
     if not files:
         raise DataError(f"{directory}: no {what} files matching {' or '.join(patterns)}")
     return files
@@ -127,11 +156,36 @@ def check_split_files(data_dir, splits: tuple[str, ...], patterns: tuple[str, ..
             continue
         for path in files:
             checked += 1
-            try:
-                check_file(path)
-            except DataError as exc:
-                problems.append(str(exc))
+            problem = check_quietly(check_file, path)
+            if problem:
+                problems.append(problem)
     return checked, problems
+
+
+def check_quietly(check_file: Callable[[str], object], path: str) -> str | None:
+    """``check_file(path)``'s problem as one line, or None: a checker reports every file and never crashes
+    (an error of any kind becomes the file's problem)."""
+    try:
+        check_file(path)
+    except DataError as exc:
+        return str(exc)
+    except Exception as exc:   # noqa: BLE001  a reader library's error: report it against the file
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{path}: cannot be read ({type(exc).__name__}{': ' + detail[:300] if detail else ''})"
+    return None
+
+
+@contextlib.contextmanager
+def reading(path, where: str = ""):
+    """Errors of a file library (h5py's OSError, a short dataset's ValueError) inside the block become a
+    :class:`DataError` naming ``path`` (and ``where``: record, events, crop)."""
+    try:
+        yield
+    except DataError:
+        raise
+    except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{path}{': ' + where if where else ''}: cannot be read ({detail})") from None
 
 
 def data_error_from_pipeline(exc: Exception) -> DataError | None:
@@ -180,22 +234,48 @@ def shards_files(num_files: int, dist: Distributed) -> bool:
 
 
 STAGE_MANIFEST = ".hpc-dl-suite-staged.json"
+COPY_CHUNK_BYTES = 8 << 20
+
+
+def source_identity(path: str) -> dict:
+    """What tells a source file apart from another one of the same name and size: its resolved path,
+    device, inode, size and modification time (a rewritten or replaced file changes one of them)."""
+    stat = os.stat(path)
+    return {"source": str(pathlib.Path(path).resolve()), "device": stat.st_dev, "inode": stat.st_ino,
+            "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def copy_with_crc32c(source: str, destination) -> int:
+    """Copy ``source`` to ``destination``; the CRC-32C of the bytes copied (recorded in the manifest)."""
+    crc = 0
+    with open(source, "rb") as reader, open(destination, "wb") as writer:
+        while chunk := reader.read(COPY_CHUNK_BYTES):
+            crc = google_crc32c.extend(crc, chunk)
+            writer.write(chunk)
+    return crc
 
 
 def stage_files(files: list[str], stage_dir: str, dist: Distributed) -> list[str]:
     """Copy this rank's share of ``files`` to ``stage_dir/rank-<r>`` (parallel copies).
 
     Staged files keep a fixed rank assignment (rank r takes files r, r+size,
-    ...); files already staged with the same size are not copied again.  The
-    folder's manifest lists what the suite staged there: a folder holding files
-    it does not list is refused, and only listed files are ever replaced.
+    ...).  A staged copy is reused only when its source is the same file as
+    when it was staged (:func:`source_identity`: path, inode, size, mtime) and
+    the copy has the recorded size; otherwise it is copied again.  The
+    manifest records each copy's source identity and CRC-32C.  A folder
+    holding files the manifest does not list is refused, and only listed
+    files are ever replaced.
     """
     mine = files[dist.rank::dist.size]
     target = pathlib.Path(stage_dir) / f"rank-{dist.rank}"
     manifest_path = target / STAGE_MANIFEST
-    staged: dict[str, str] = {}
+    staged: dict[str, dict] = {}
     if manifest_path.is_file():
-        staged = json.loads(manifest_path.read_text()).get("files", {})
+        try:
+            staged = json.loads(manifest_path.read_text()).get("files", {})
+        except (OSError, ValueError, AttributeError):
+            raise DataError(f"{manifest_path}: not a readable staging manifest; choose another data.stage_dir "
+                            "or empty it") from None
     if target.is_dir():
         foreign = sorted(p.name for p in target.iterdir() if p.name != STAGE_MANIFEST and p.name not in staged
                          and not (p.name.startswith(".") and p.name.endswith(".partial")))  # a killed copy
@@ -206,16 +286,40 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed) -> list[str
     names = [pathlib.Path(source).name for source in mine]
     if len(set(names)) != len(names):
         raise DataError(f"{stage_dir}: two training files of rank {dist.rank} share a name; staging needs unique names")
-    target.mkdir(parents=True, exist_ok=True)
-    staged.update({name: source for name, source in zip(names, mine)})
-    write_json(manifest_path, {"files": staged}, "common.data staging", force=True)  # listed before copied
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"{target}: data.stage_dir cannot be created ({exc.strerror})") from None
+    identities = {name: source_identity(source) for name, source in zip(names, mine)}
 
-    def copy(source: str) -> str:
-        destination = target / pathlib.Path(source).name
-        if not destination.exists() or destination.stat().st_size != os.path.getsize(source):
+    def current(name: str) -> bool:
+        entry = staged.get(name)
+        copy = target / name
+        if not isinstance(entry, dict) or not copy.is_file():
+            return False   # not staged, or by a version of the suite that recorded only the source's path
+        recorded = {k: entry.get(k) for k in identities[name]}
+        return recorded == identities[name] and copy.stat().st_size == entry["size"]
+
+    fresh = {name for name in names if not current(name)}
+    # Listed before copied (a killed copy leaves a listed, unfinished name, which the next run re-copies).
+    staged.update({name: {**identities[name], "crc32c": None} for name in fresh})
+    write_json(manifest_path, {"files": staged}, "common.data staging", force=True)
+
+    def copy(source: str) -> tuple[str, str, int | None]:
+        name = pathlib.Path(source).name
+        destination = target / name
+        crc = None
+        if name in fresh:
             with atomic_path(destination, force=True) as temporary:   # listed in the manifest: ours
-                shutil.copyfile(source, temporary)
-        return str(destination)
+                crc = copy_with_crc32c(source, temporary)
+        return name, str(destination), crc
 
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(mine)))) as pool:
-        return list(pool.map(copy, mine))
+        done = list(pool.map(copy, mine))
+    for name, _, crc in done:
+        if crc is not None:
+            staged[name]["crc32c"] = crc
+    if fresh:
+        write_json(manifest_path, {"files": staged}, "common.data staging", force=True)
+        log.info(f"staged {len(fresh)} of {len(mine)} file(s) to {target}; {len(mine) - len(fresh)} reused")
+    return [path for _, path, _ in done]

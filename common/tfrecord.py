@@ -27,17 +27,55 @@ def masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def scan_tfrecord(path: str, compression: str = "none", verify_data: bool = False) -> int:
-    """Number of records in ``path``; :class:`DataError` naming the file when it is truncated or corrupt."""
+def scan_tfrecord(path: str, compression: str = "none", verify_data: bool = False,
+                  lengths: list | None = None) -> int:
+    """Number of records in ``path``; :class:`DataError` naming the file when it is truncated or corrupt.
+
+    ``lengths``: a list that receives each record's data length (from its header).
+    """
     try:
         if compression == "gzip":
-            return _scan_stream(path, gzip.open(path, "rb"), verify_data=True if verify_data else False, seekable=False)
-        return _scan_stream(path, open(path, "rb"), verify_data, seekable=True)
+            return _scan_stream(path, gzip.open(path, "rb"), verify_data, seekable=False, lengths=lengths)
+        return _scan_stream(path, open(path, "rb"), verify_data, seekable=True, lengths=lengths)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: not a readable {'GZIP ' if compression == 'gzip' else ''}TFRecord file ({exc})") from None
 
 
-def _scan_stream(path, handle, verify_data: bool, seekable: bool) -> int:
+def read_records(path: str, compression: str = "none"):
+    """Each record's data (bytes) of ``path``, checksums verified, read without TensorFlow."""
+    opener = gzip.open if compression == "gzip" else open
+    try:
+        with opener(path, "rb") as handle:
+            index = 0
+            while header := handle.read(12):
+                if len(header) < 12:
+                    raise DataError(f"{path}: truncated TFRecord file (partial header of record {index})")
+                length, length_crc = struct.unpack("<QI", header)
+                if masked_crc32c(header[:8]) != length_crc:
+                    raise DataError(f"{path}: corrupt TFRecord file (bad length checksum of record {index})")
+                payload, footer = handle.read(length), handle.read(4)
+                if len(payload) < length or len(footer) < 4:
+                    raise DataError(f"{path}: truncated TFRecord file (record {index} is cut short)")
+                if masked_crc32c(payload) != struct.unpack("<I", footer)[0]:
+                    raise DataError(f"{path}: corrupt TFRecord file (bad data checksum of record {index})")
+                yield payload
+                index += 1
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: not a readable {'GZIP ' if compression == 'gzip' else ''}TFRecord file ({exc})") from None
+
+
+def first_bad_file(paths, compression: str = "none") -> DataError | None:
+    """The :class:`DataError` of the first of ``paths`` that does not read back whole (every checksum
+    verified), or None: what names the file after TensorFlow's reader failed without naming it."""
+    for path in paths:
+        try:
+            scan_tfrecord(path, compression, verify_data=True)
+        except DataError as exc:
+            return exc
+    return None
+
+
+def _scan_stream(path, handle, verify_data: bool, seekable: bool, lengths: list | None = None) -> int:
     size = os.path.getsize(path) if seekable else None
     count = 0
     with handle:
@@ -51,6 +89,8 @@ def _scan_stream(path, handle, verify_data: bool, seekable: bool) -> int:
             length, length_crc = struct.unpack("<QI", header)
             if masked_crc32c(header[:8]) != length_crc:
                 raise DataError(f"{path}: corrupt TFRecord file (bad length checksum of record {count} at byte {offset})")
+            if lengths is not None:
+                lengths.append(length)
             if seekable and not verify_data:
                 end = offset + 12 + length + 4
                 if end > size:

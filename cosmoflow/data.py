@@ -35,12 +35,12 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.data import (Datasets, check_split_files, epoch_seed, list_files, screen_files, select_count,
+from common.data import (Datasets, check_split_files, epoch_seed, list_files, reading, screen_files, select_count,
                          shards_files, shuffled_shards, stage_files, steps_for)
 from common.distributed import Distributed
 from common.errors import DataError
 from common.precision import compute_dtype
-from common.tfrecord import scan_tfrecord
+from common.tfrecord import first_bad_file, read_records, scan_tfrecord
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
 
 log = logging.getLogger(__name__)
@@ -148,21 +148,70 @@ def record_layout(path: str, cfg: CosmoflowConfig) -> Layout:
     return Layout(kind, "int16" if kind == "mlperf" else "float32", names, source)
 
 
+def _sized(values, size: int, fill_dtype):
+    """(``values`` when it holds ``size`` elements, else zeros; whether it did): a record of another size
+    is flagged for :func:`check_batch` to name its file, instead of failing a reshape without a name."""
+    ok = tf.equal(tf.size(values), size)
+    return tf.cond(ok, lambda: values, lambda: tf.zeros([size], fill_dtype)), ok
+
+
 def parse_example(record, sample_shape, layout: Layout):
-    """(x as stored: int16 or float32, y float32) of one serialised example."""
+    """(x as stored: int16 or float32, y float32, whether x and y had the layout's sizes) of one serialised
+    example.  A record of other sizes gives zeros and False (never an exception without the file's name)."""
     n = len(layout.targets)
+    voxels = math.prod(sample_shape)
     if layout.kind == "sc18":
-        features = tf.io.parse_single_example(record, {"data_raw": tf.io.FixedLenFeature([], tf.string),
-                                                       "label_raw": tf.io.FixedLenFeature([], tf.string)})
+        features = tf.io.parse_single_example(record, {
+            "data_raw": tf.io.FixedLenFeature([], tf.string, default_value=""),
+            "label_raw": tf.io.FixedLenFeature([], tf.string, default_value="")})
         dtype = tf.float32 if layout.x_dtype == "float32" else tf.float64
-        x = tf.cast(tf.reshape(tf.io.decode_raw(features["data_raw"], dtype), sample_shape), tf.float32)
-        y = tf.cast(tf.reshape(tf.io.decode_raw(features["label_raw"], dtype), [n]), tf.float32)
-        return x, y
-    x_feature = tf.io.FixedLenFeature([], tf.string) if layout.kind == "mlperf" else \
-        tf.io.FixedLenFeature([math.prod(sample_shape)], tf.float32)
-    features = tf.io.parse_single_example(record, {"x": x_feature, "y": tf.io.FixedLenFeature([n], tf.float32)})
-    x = tf.io.decode_raw(features["x"], tf.int16) if layout.kind == "mlperf" else features["x"]
-    return tf.reshape(x, sample_shape), features["y"]
+        width = dtype.size
+        ok_x = tf.equal(tf.strings.length(features["data_raw"]), width * voxels)
+        ok_y = tf.equal(tf.strings.length(features["label_raw"]), width * n)
+        x = tf.cond(ok_x, lambda: tf.io.decode_raw(features["data_raw"], dtype), lambda: tf.zeros([voxels], dtype))
+        y = tf.cond(ok_y, lambda: tf.io.decode_raw(features["label_raw"], dtype), lambda: tf.zeros([n], dtype))
+        return (tf.cast(tf.reshape(x, sample_shape), tf.float32), tf.cast(tf.reshape(y, [n]), tf.float32),
+                tf.logical_and(ok_x, ok_y))
+    if layout.kind == "mlperf":
+        features = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([], tf.string, default_value=""),
+                                                       "y": tf.io.VarLenFeature(tf.float32)})
+        ok_x = tf.equal(tf.strings.length(features["x"]), 2 * voxels)
+        x = tf.cond(ok_x, lambda: tf.io.decode_raw(features["x"], tf.int16), lambda: tf.zeros([voxels], tf.int16))
+    else:
+        features = tf.io.parse_single_example(record, {"x": tf.io.VarLenFeature(tf.float32),
+                                                       "y": tf.io.VarLenFeature(tf.float32)})
+        x, ok_x = _sized(features["x"].values, voxels, tf.float32)
+    y, ok_y = _sized(features["y"].values, n, tf.float32)
+    return tf.reshape(x, sample_shape), tf.reshape(y, [n]), tf.logical_and(ok_x, ok_y)
+
+
+def check_record(payload: bytes, path: str, index: int, cfg: CosmoflowConfig, layout: Layout) -> None:
+    """Raise a :class:`DataError` naming file and record unless the serialised example holds the layout's
+    features at its sizes (what :func:`parse_example` would read)."""
+    data = cfg.data
+    voxels = int(np.prod(data.sample_shape))
+    try:
+        features = tf.train.Example.FromString(payload).features.feature
+    except Exception:   # noqa: BLE001  protobuf's DecodeError
+        raise DataError(f"{path}: record {index} is not a tf.train.Example") from None
+    where = f"{path}: record {index}"
+    if layout.kind == "sc18":
+        width = np.dtype(layout.x_dtype).itemsize
+        sizes = [len(features[k].bytes_list.value[0]) if k in features and features[k].bytes_list.value else 0
+                 for k in ("data_raw", "label_raw")]
+        expected = [width * voxels, width * len(layout.targets)]
+    elif layout.kind == "mlperf":
+        sizes = [len(features["x"].bytes_list.value[0]) if "x" in features and features["x"].bytes_list.value else 0,
+                 len(features["y"].float_list.value) if "y" in features else 0]
+        expected = [2 * voxels, len(layout.targets)]
+    else:
+        sizes = [len(features["x"].float_list.value) if "x" in features else 0,
+                 len(features["y"].float_list.value) if "y" in features else 0]
+        expected = [voxels, len(layout.targets)]
+    if sizes != expected:
+        raise DataError(f"{where}: holds x of {sizes[0]} and y of {sizes[1]} {'bytes' if layout.kind == 'sc18' else 'values'}, "
+                        f"expected {expected[0]} and {expected[1]} as in the split's first file "
+                        f"({layout.describe().split(';')[0]}; data.sample_shape {list(data.sample_shape)})")
 
 
 # -- HDF5 -----------------------------------------------------------------------------
@@ -202,7 +251,7 @@ def hdf5_layout(path: str, cfg: CosmoflowConfig) -> tuple[int, Layout]:
 def read_hdf5_crop(path, index, crop):
     """Crop number ``index`` (C order over the crop grid) of a raw file, or the one crop of a split file."""
     path = path.decode() if isinstance(path, bytes) else str(path)
-    with h5py.File(path, "r") as f:
+    with reading(path, f"crop {int(index)}"), h5py.File(path, "r") as f:
         split = "x" in f and "full" not in f
         if split:
             x, y = f["x"][()], f["y"][:]
@@ -257,19 +306,43 @@ def augment(x, seed):
 def _inspect_tfrecord(cfg: CosmoflowConfig):
     data = cfg.data
 
-    def inspect(path: str) -> int:
+    def inspect(path: str) -> tuple[int, frozenset | None]:
+        """(records, their lengths: None for GZIP files, whose walk would decompress everything)."""
         if data.compression == "gzip":
-            # A full walk decompresses everything: left to common.check_data; here the header and size.
+            # A full walk decompresses everything: left to the reader (which names a broken file) and
+            # common.check_data; here the header.
             with open(path, "rb") as handle:
                 if handle.read(2) != b"\x1f\x8b":
                     raise DataError(f"{path}: not a GZIP file (data.compression is gzip)")
-            return data.samples_per_file
-        count = scan_tfrecord(path)
+            return data.samples_per_file, None
+        lengths: list[int] = []
+        count = scan_tfrecord(path, lengths=lengths)
         if count != data.samples_per_file:
             raise DataError(f"{path}: holds {count} records but data.samples_per_file is {data.samples_per_file}")
-        return count
+        return count, frozenset(lengths)
 
     return inspect
+
+
+def _check_record_sizes(cfg: CosmoflowConfig, files: list[str], found: dict, layout: Layout) -> dict[str, str]:
+    """Files whose records are not all as long as the split's first record are read and their records
+    checked (:func:`check_record`): a sample of another shape in a later file is named at start-up for
+    the price of the header walk.  Returns {bad file: problem} (raised with ``data.on_bad_file: fail``)."""
+    if found[files[0]][1] is None:   # GZIP: no lengths without decompressing; the reader checks as it reads
+        return {}
+    reference = frozenset([next(iter(read_records(files[0])), b"").__len__()])
+    problems = {}
+    for path in files:
+        if found[path][1] == reference:
+            continue
+        try:
+            for index, payload in enumerate(read_records(path)):
+                check_record(payload, path, index, cfg, layout)
+        except DataError as exc:
+            if cfg.data.on_bad_file == "fail":
+                raise
+            problems[path] = str(exc)
+    return problems
 
 
 def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key: str, dist: Distributed):
@@ -278,8 +351,15 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
     directory = pathlib.Path(data.data_dir) / split
     if data.format == "tfrecord":
         files = list_files(directory, TFRECORD_PATTERNS, f"CosmoFlow {split} TFRecord")
-        files, counts, problems = screen_files(files, _inspect_tfrecord(cfg), dist, data.on_bad_file, str(directory))
+        files, found, problems = screen_files(files, _inspect_tfrecord(cfg), dist, data.on_bad_file, str(directory))
         layout = record_layout(files[0], cfg)
+        resized = _check_record_sizes(cfg, files, found, layout)
+        if dist.is_root:
+            for problem in resized.values():
+                log.warning(f"skipping bad file: {problem}")
+        files = [f for f in files if f not in resized]
+        problems = problems + list(resized.values())
+        counts = {f: found[f][0] for f in files}
         used = select_count(sum(counts.values()), requested, key, str(directory))
         chosen, total = [], 0
         for f in files:
@@ -332,7 +412,8 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
             cycle_length=min(8, len(files)) if training else 1, num_parallel_calls=AUTOTUNE, deterministic=True)
         if record_sharding:
             records = records.shard(dist.size, dist.rank)
-        return records.map(lambda r, name: (*parse_example(r, shape, layout), name), num_parallel_calls=AUTOTUNE)
+        return records.map(lambda r, name: _with_name(parse_example(r, shape, layout), name),
+                           num_parallel_calls=AUTOTUNE)
 
     paths = tf.constant([p for p, _ in index])
     crops = tf.constant([c for _, c in index], dtype=tf.int64)
@@ -346,18 +427,28 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
                                  [tf.int16, tf.float32], stateful=False)
         x.set_shape(shape)
         y.set_shape([len(layout.targets)])
-        return x, y, path
+        return x, y, path, tf.constant(True)   # HDF5 shapes are checked per file at start-up
 
     return items.map(read, num_parallel_calls=AUTOTUNE)
 
 
-def check_batch(x, y, files, bound: float):
+def _with_name(parsed, name):
+    x, y, sized = parsed
+    return x, y, name, sized
+
+
+def check_batch(x, y, files, sized, bound: float, expected: str):
     """A float32 zero the batch's targets are computed through: raises a DataError naming the first file
-    whose sample holds negative particle counts, non-finite targets or targets beyond ``bound`` (the
-    network's output range).  (It must feed the data: an op used only as a control dependency would be
-    pruned by TensorFlow's graph optimiser.)"""
-    def check(names, lowest, finite, largest):
-        for name, low, ok, top in zip(names, lowest, finite, largest):
+    whose sample had other sizes than the layout's (``sized`` False; ``expected`` says what was expected),
+    NaN/Inf or negative particle counts, non-finite targets or targets beyond ``bound`` (the network's
+    output range).  (It must feed the data: an op used only as a control dependency would be pruned by
+    TensorFlow's graph optimiser.)"""
+    def check(names, right_size, finite_x, lowest, finite, largest):
+        for name, size_ok, ok_x, low, ok, top in zip(names, right_size, finite_x, lowest, finite, largest):
+            if not size_ok:
+                raise DataError(f"{name.decode()}: a record holds x or y of another size than expected ({expected})")
+            if not ok_x:
+                raise DataError(f"{name.decode()}: 'x' holds NaN or Inf")
             if low < 0:
                 raise DataError(f"{name.decode()}: 'x' holds negative particle counts (lowest {low})")
             if not ok:
@@ -369,8 +460,11 @@ def check_batch(x, y, files, bound: float):
         return np.float32(0)
 
     spatial = list(range(1, len(x.shape)))
-    zero = tf.numpy_function(check, [files, tf.reduce_min(x, axis=spatial), tf.reduce_all(tf.math.is_finite(y), 1),
-                                     tf.reduce_max(tf.abs(y), 1)], tf.float32, stateful=False)
+    # Integer counts cannot be NaN: the check costs a pass over the volume only for float layouts.
+    finite_x = tf.reduce_all(tf.math.is_finite(x), axis=spatial) if x.dtype.is_floating else tf.ones_like(sized)
+    zero = tf.numpy_function(check, [files, sized, finite_x, tf.reduce_min(x, axis=spatial),
+                                     tf.reduce_all(tf.math.is_finite(y), 1), tf.reduce_max(tf.abs(y), 1)],
+                             tf.float32, stateful=False)
     return tf.ensure_shape(zero, [])
 
 
@@ -384,13 +478,15 @@ def targets_transform(cfg: CosmoflowConfig, layout: Layout):
 
 
 def _inputs_and_targets(cfg: CosmoflowConfig, layout: Layout, dtype=tf.float32):
-    """(x, y, files) batch -> (normalised x, selected targets), both checked (:func:`check_batch`)."""
+    """(x, y, files, sized) batch -> (normalised x, selected targets), both checked (:func:`check_batch`)."""
     data = cfg.data
     targets = targets_transform(cfg, layout)
+    expected = f"{layout.describe().split(';')[0]}, data.sample_shape {list(data.sample_shape)}, " \
+               f"{len(layout.targets)} targets"
 
-    def finish(x, y, files):
+    def finish(x, y, files, sized):
         y = targets(y)
-        zero = check_batch(x, y, files, cfg.model.output_scale)
+        zero = check_batch(x, y, files, sized, cfg.model.output_scale, expected)
         return normalise(x, data.apply_log, dtype), y + zero
 
     return finish
@@ -410,7 +506,7 @@ def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, se
         dataset = tf.data.Dataset.zip((dataset, seeds)).map(lambda xyf, s: (augment(xyf[0], s), *xyf[1:]),
                                                             num_parallel_calls=AUTOTUNE)
     if data.batch_size == 1:  # a batch of one is a reshape, not a 16 MiB copy
-        dataset = dataset.map(lambda x, y, f: (x[tf.newaxis], y[tf.newaxis], f[tf.newaxis]))
+        dataset = dataset.map(lambda *sample: tuple(t[tf.newaxis] for t in sample))
     else:
         dataset = dataset.batch(data.batch_size, drop_remainder=True)
     return dataset.map(_inputs_and_targets(cfg, layout, compute_dtype(cfg.train.precision)),
@@ -442,11 +538,15 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
 
     valid_records = _records(cfg, valid_files, valid_index, dist, seed, False, layout).repeat(2)
     validation = _pipeline(cfg, valid_records, training=False, seed=seed, layout=layout).take(valid_steps).repeat()
+    find_bad_file = None
+    if data.format == "tfrecord":
+        def find_bad_file():   # after a TF read error: re-read the files this rank reads, checksums and all
+            return first_bad_file(train_files + valid_files, data.compression)
     return Datasets(train_epoch=train_epoch, validation=validation, steps_per_epoch=steps,
                     validation_steps=valid_steps,
                     train_samples=steps * data.batch_size * dist.size,
                     validation_samples=valid_steps * data.batch_size * dist.size,
-                    skipped_files=train_bad + valid_bad)
+                    skipped_files=train_bad + valid_bad, find_bad_file=find_bad_file)
 
 
 def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple[tf.data.Dataset, int]:
@@ -463,7 +563,10 @@ def raw_samples(cfg: CosmoflowConfig, split: str = "validation"):
     files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed())
     targets = targets_transform(cfg, layout)
     records = _records(cfg, files, index, Distributed(), cfg.train.seed, False, layout).take(used)
-    for x, y, _ in records:
+    for x, y, name, sized in records:
+        if not sized:
+            raise DataError(f"{name.numpy().decode()}: a record holds x or y of another size than "
+                            f"{layout.describe().split(';')[0]} with data.sample_shape {list(cfg.data.sample_shape)}")
         yield x.numpy(), targets(y).numpy()
 
 
@@ -480,7 +583,11 @@ def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
     else:
         raw = tf.data.TFRecordDataset(files, compression_type=_compression(cfg.data))
         shape = tuple(cfg.data.sample_shape)
-        ys = np.stack([parse_example(r, shape, layout)[1].numpy() for r in raw])[:used]
+        parsed = [parse_example(r, shape, layout) for r in raw]
+        if not all(bool(sized) for _, _, sized in parsed):
+            raise DataError(f"{cfg.data.data_dir}/{split}: a record holds x or y of another size than the layout's "
+                            "(python -m common.check_data names it)")
+        ys = np.stack([y.numpy() for _, y, _ in parsed])[:used]
     return targets_transform(cfg, layout)(ys).numpy()
 
 
@@ -505,6 +612,8 @@ def check_data(cfg: CosmoflowConfig) -> tuple[int, list[str]]:
 
 
 def _check_values(path, where: str, x, y, bound: float) -> None:
+    if not np.all(np.isfinite(x)):
+        raise DataError(f"{path}: {where}: 'x' holds NaN or Inf")
     if np.min(x) < 0:
         raise DataError(f"{path}: {where}: negative particle counts")
     if not np.all(np.isfinite(y)) or np.max(np.abs(y)) > bound:
@@ -525,9 +634,6 @@ def _check_tfrecord_fully(path: str, cfg: CosmoflowConfig, layouts: dict) -> Non
     shape = tuple(data.sample_shape)
     targets = targets_transform(cfg, layout)
     for i, record in enumerate(tf.data.TFRecordDataset(path, compression_type=_compression(data))):
-        try:
-            x, y = parse_example(record, shape, layout)
-        except tf.errors.OpError as exc:
-            raise DataError(f"{path}: record {i}: not a {layout.describe().split(';')[0]} record "
-                            f"({exc.message.splitlines()[0]})") from None
+        check_record(record.numpy(), path, i, cfg, layout)
+        x, y, _ = parse_example(record, shape, layout)
         _check_values(path, f"record {i}", x.numpy(), targets(y).numpy(), cfg.model.output_scale)

@@ -16,12 +16,29 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from common.errors import ConfigError
 from common.layers import ByteDropout, FusedBatchNormalization
 from common.precision import compute_dtype
 from cosmoflow.config import CosmoflowConfig
 
 
+def check_blocks_fit(cfg: CosmoflowConfig) -> None:
+    """A :class:`ConfigError` naming the keys unless every conv block has a volume left to work on."""
+    m = cfg.model
+    size = list(cfg.data.sample_shape[:3])
+    for i in range(m.conv_blocks):
+        if m.padding == "valid":
+            size = [s - m.kernel_size + 1 for s in size]
+        size = [s // m.pool_size for s in size]
+        if min(size) < 1:
+            raise ConfigError(f"model.conv_blocks={m.conv_blocks}: block {i + 1} has nothing left of data.sample_shape "
+                              f"{list(cfg.data.sample_shape)} (each block pools by model.pool_size={m.pool_size}"
+                              f"{', after a valid convolution of kernel ' + str(m.kernel_size) if m.padding == 'valid' else ''}); "
+                              f"use at most {i} blocks or larger samples")
+
+
 def build_model(cfg: CosmoflowConfig) -> keras.Model:
+    check_blocks_fit(cfg)
     m = cfg.model
     n_targets = len(cfg.data.target_names)
     # The input pipeline hands volumes over in the compute dtype (see cosmoflow.data.normalise).

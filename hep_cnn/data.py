@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.data import Datasets, epoch_seed, list_files, screen_files, select_count, steps_for
+from common.data import Datasets, check_quietly, epoch_seed, list_files, reading, screen_files, select_count, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 from hep_cnn.config import HepConfig
@@ -74,14 +74,19 @@ def _check_layout(path: str, layout: str, image_size: int) -> tuple[int, str]:
             missing = [k for k in (*keys["images"], keys["label"], keys["weight"], keys["pass_sr"]) if k not in f]
             if missing:
                 raise DataError(f"{path}: missing datasets {missing} for the {found} layout")
-            shape = f[keys["images"][0]].shape
-            n = len(f[keys["label"]])
+            shapes = {k: f[k].shape for k in (*keys["images"], keys["label"], keys["weight"], keys["pass_sr"])}
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
-    expected = (n, 3, image_size, image_size) if found == "benchmark" else (n, image_size, image_size)
-    if shape != expected:
-        raise DataError(f"{path}: {keys['images'][0]} has shape {shape}, expected {expected} "
-                        f"(data.image_size={image_size})")
+    n = shapes[keys["label"]][0] if shapes[keys["label"]] else 0
+    for key in (keys["weight"], keys["pass_sr"]):
+        if len(shapes[key]) != 1 or shapes[key][0] != n:
+            raise DataError(f"{path}: {key} has shape {shapes[key]}, expected ({n},): one value per event of "
+                            f"{keys['label']}")
+    for key in keys["images"]:
+        expected = (n, 3, image_size, image_size) if found == "benchmark" else (n, image_size, image_size)
+        if shapes[key] != expected:
+            raise DataError(f"{path}: {key} has shape {shapes[key]}, expected {expected} "
+                            f"(data.image_size={image_size}, {n} events)")
     return n, found
 
 
@@ -139,7 +144,7 @@ def limit_chunks(chunks: list[Chunk], requested: int | None, key: str, where: st
 def read_chunk(path: str, start: int, stop: int, layout: str, channels: int):
     """(images N x eta x phi x C float32, labels int32, weights float32, pass_sr int32), unscaled."""
     keys = LAYOUT_KEYS[layout]
-    with h5py.File(path, "r") as f:
+    with reading(path, f"events {start}-{stop}"), h5py.File(path, "r") as f:
         if layout == "benchmark":   # (N, C, phi, eta) -> (N, eta, phi, C)
             images = np.transpose(f["data"][start:stop, :channels], (0, 3, 2, 1))
         else:
@@ -292,20 +297,23 @@ def check_data(cfg: HepConfig) -> tuple[int, list[str]]:
         files = list_files(data.data_dir, ("*.h5", "*.hdf5"), "HEP event")
     except DataError as exc:
         return 0, [str(exc)]
+    def check_file(path):
+        n, layout = _check_layout(path, data.layout, data.image_size)
+        for start in range(0, n, data.chunk_size):
+            read_chunk(path, start, min(n, start + data.chunk_size), layout, 3)
+
     for path in files:
-        try:
-            n, layout = _check_layout(path, data.layout, data.image_size)
-            for start in range(0, n, data.chunk_size):
-                read_chunk(path, start, min(n, start + data.chunk_size), layout, 3)
-        except DataError as exc:
-            problems.append(str(exc))
+        problem = check_quietly(check_file, path)
+        if problem:
+            problems.append(problem)
     for split in ("train", "validation", "test"):
+        skip = cfg.model_copy(update={"data": data.model_copy(update={"on_bad_file": "skip"})})
         try:
-            if not split_chunks(cfg.model_copy(update={"data": data.model_copy(update={"on_bad_file": "skip"})}),
-                                split):
+            if not split_chunks(skip, split):
                 problems.append(f"{data.data_dir}: the {split} split is empty")
         except DataError as exc:
-            problems.append(str(exc))
+            if str(exc) not in problems:
+                problems.append(str(exc))
     if not maxima_path(cfg).is_file():
         problems.append(f"{maxima_path(cfg)}: training-set maxima not found; run python -m hep_cnn.maxima")
     return len(files), problems

@@ -33,7 +33,7 @@ from climate_seg.detection.boxes import TARGET_CHANNELS, encode
 from climate_seg.detection.config import BOX_COLUMNS, DetectConfig
 from climate_seg.cam5.stats import load_stats
 from climate_seg.cam5.data import SPLITS, normalizer, screened_split, stats_path
-from common.data import Datasets, check_split_files, epoch_seed, steps_for
+from common.data import Datasets, check_split_files, epoch_seed, reading, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 
@@ -118,6 +118,11 @@ def split_samples(cfg: DetectConfig, split: str, dist: Distributed | None = None
                   problems: list[str] | None = None, offset: int | None = None) -> list[Sample]:
     """The samples of a split; class numbers as the training boxes tell them unless ``offset`` is given."""
     good, info = screened_split(cfg.data, split, lambda f: inspect_file(f, cfg), "detection", dist, problems)
+    window = cfg.model.time_steps if cfg.model.variant == "3d" else 1
+    if not any(info[path]["count"] >= window for path in good):
+        raise DataError(f"{cfg.data.data_dir}/{split}: its {len(good)} file(s) hold no snapshot"
+                        + (f" window of model.time_steps={window}" if window > 1 else "")
+                        + "; expected images (N >= 1, C, H, W)")
     if offset is None:
         offset = training_class_offset(cfg, dist) if split != "train" else \
             class_offset(cfg, {c for path in good for c in info[path]["classes"]}, f"{cfg.data.data_dir}/train")
@@ -126,7 +131,6 @@ def split_samples(cfg: DetectConfig, split: str, dist: Distributed | None = None
         if any(c < offset or c > top for c in info[path]["classes"]):
             raise DataError(f"{path}: boxes hold classes {info[path]['classes']}, but the training boxes number "
                             f"them {offset}-{top}")
-    window = cfg.model.time_steps if cfg.model.variant == "3d" else 1
     samples = []
     for path in good:
         flags = info[path]["labeled"]
@@ -176,7 +180,7 @@ def read_sample(cfg: DetectConfig, path: str, index: int, labeled: bool, offset,
     data, m = cfg.data, cfg.model
     window = m.time_steps if m.variant == "3d" else 1
     channel_index = [data.file_channels.index(c) for c in data.channels]
-    with h5py.File(path, "r") as f:
+    with reading(path, f"images[{index}]"), h5py.File(path, "r") as f:
         images = f["images"][index:index + window]
         boxes = f["boxes"][index:index + window]
     images = np.transpose(images[:, channel_index], (0, 2, 3, 1)).astype(np.float32)
