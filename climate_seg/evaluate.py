@@ -15,24 +15,24 @@ import pathlib
 from common.cli import exit_on_user_error, exit_process
 
 
-def evaluate(run_dir, split: str = "test", data_dir: str | None = None) -> dict:
+def evaluate(run_dir, split: str = "test", data_dir: str | None = None, force: bool = False) -> dict:
     """The task's evaluation of ``run_dir`` on ``split``; the metrics it wrote to ``metrics.json``."""
     from common.config import read_yaml
-    from common.runs import load_run
+    from common.runs import evaluate_run
 
     run_dir = pathlib.Path(run_dir)
     config = run_dir / "config.yaml"
     if config.is_file() and read_yaml(config).get("task") == "detection":
-        from climate_seg.detection.config import DetectConfig
-        from climate_seg.detection.evaluate import evaluate_detection
+        from climate_seg.detection import evaluate as task
+        from climate_seg.detection.config import DetectConfig as schema
 
-        cfg, model = load_run(run_dir, DetectConfig, data_dir)
-        return evaluate_detection(run_dir, cfg, model, split)
-    from climate_seg.segmentation.config import ClimateConfig
-    from climate_seg.segmentation.evaluate import evaluate as evaluate_segmentation
+        run = task.evaluate_detection
+    else:
+        from climate_seg.segmentation import evaluate as task
+        from climate_seg.segmentation.config import ClimateConfig as schema
 
-    cfg, model = load_run(run_dir, ClimateConfig, data_dir)
-    return evaluate_segmentation(run_dir, cfg, model, split)
+        run = task.evaluate
+    return evaluate_run(run_dir, schema, "climate_seg.evaluate", task.OUTPUTS, run, data_dir, force, split=split)
 
 
 def main(argv=None) -> int:
@@ -40,9 +40,11 @@ def main(argv=None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--split", default="test", choices=["test", "validation", "train"])
     parser.add_argument("--data-dir", help="evaluate on this data directory instead of the run's")
+    parser.add_argument("--force", action="store_true", help="replace files this suite did not write (metrics.json, "
+                                                             "the figures)")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        metrics = evaluate(args.run_dir, args.split, args.data_dir)
+        metrics = evaluate(args.run_dir, args.split, args.data_dir, args.force)
     if "map" in metrics:
         from climate_seg.detection.evaluate import report
     else:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import time
 
 from common.cli import exit_on_user_error, exit_process, find_application
@@ -191,7 +192,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--precision", choices=["fp32", "mixed_float16", "mixed_bfloat16", "auto"])
-    parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--json", help="write the result here (a new file, or one this suite wrote)")
+    parser.add_argument("--force", action="store_true", help="replace a --json file this suite did not write")
     parser.add_argument("--profile", metavar="DIR", help="also trace compute steps here and print the op times")
     args = parser.parse_args(argv)
     if args.compare:
@@ -203,7 +205,11 @@ def main(argv=None) -> int:
     if not args.config:
         parser.error("--config is required")
     with exit_on_user_error():
-        from common import distributed
+        from common import distributed, outputs
+
+        if args.json:   # refused before the benchmark runs, not after
+            outputs.check_replaceable(args.json, args.force)
+            outputs.check_writable_folder(pathlib.Path(args.json).resolve().parent, "the folder of --json")
 
         application = find_application(args.config, args.app)
         overrides = list(args.set)
@@ -218,8 +224,8 @@ def main(argv=None) -> int:
     if dist.is_root:
         print(table(result), flush=True)
         if args.json:
-            with open(args.json, "w") as handle:
-                json.dump(result, handle, indent=2)
+            with exit_on_user_error():
+                outputs.write_json(args.json, result, "common.bench", args.force)
     # No rank leaves while another still talks to it (a "connection reset" from Horovod's loop otherwise).
     dist.barrier()
     return 0

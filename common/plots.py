@@ -26,9 +26,8 @@ def read_history(path: str | pathlib.Path) -> dict[str, list[float]]:
     return columns
 
 
-def plot_training_curves(history_csv: str | pathlib.Path, out_png: str | pathlib.Path,
-                         metrics: tuple[str, ...] = ("loss",)) -> pathlib.Path:
-    """Loss and metrics (train and validation) and samples/s per epoch."""
+def plot_training_curves(history_csv: str | pathlib.Path, metrics: tuple[str, ...] = ("loss",)):
+    """Loss and metrics (train and validation) and samples/s per epoch: the figure (saved by the caller)."""
     history = read_history(history_csv)
     epochs = [e + 1 for e in history.get("epoch", [])]
     panels = [m for m in metrics if m in history] + (["samples_per_second"] if "samples_per_second" in history else [])
@@ -42,6 +41,4 @@ def plot_training_curves(history_csv: str | pathlib.Path, out_png: str | pathlib
         axis.grid(alpha=0.3)
         axis.legend()
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return pathlib.Path(out_png)
+    return fig

@@ -276,7 +276,7 @@ def published_points() -> list[dict]:
     return out
 
 
-def plot(rows: list[dict], title: str, out_png) -> None:
+def plot(rows: list[dict], title: str, out_png, force: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,8 +297,12 @@ def plot(rows: list[dict], title: str, out_png) -> None:
         axis.grid(alpha=0.3, which="both")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    from common.outputs import save_figure
+
+    try:
+        save_figure(fig, out_png, "common.scaling", force)
+    finally:
+        plt.close(fig)
 
 
 def main(argv=None) -> int:
@@ -313,7 +317,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sample-bytes", type=float,
                         help="bytes read per sample (default: the model input in float32)")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
-    parser.add_argument("--png", help="plot samples/s and efficiency to this file")
+    parser.add_argument("--png", help="plot samples/s and efficiency to this file (a new file, or one this suite wrote)")
+    parser.add_argument("--force", action="store_true", help="replace a --png file this suite did not write")
     parser.add_argument("--published", action="store_true", help="the published SC18 points, model vs paper")
     args = parser.parse_args(argv)
     from common.cli import exit_on_user_error
@@ -341,8 +346,8 @@ def main(argv=None) -> int:
         system = load_system(args.system)
         work = workload_from_config(args.config, args.set, rate, args.dataset_bytes, args.sample_bytes)
         rows = scaling_table(work, system, node_counts)
-    if args.png:
-        plot(rows, f"{pathlib.Path(args.config).stem} on {system.name}", args.png)
+        if args.png:
+            plot(rows, f"{pathlib.Path(args.config).stem} on {system.name}", args.png, args.force)
     if args.json:
         print(json.dumps(rows))
         return 0

@@ -18,7 +18,6 @@ and ``training_curves.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import numpy as np
@@ -54,7 +53,8 @@ def parity(predictions: np.ndarray, targets: np.ndarray, names, bins: int = 5) -
     return out
 
 
-def plot_predictions(predictions, targets, names, out_png) -> None:
+def plot_predictions(predictions, targets, names):
+    """One panel per parameter: predicted on true (the figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,18 +72,25 @@ def plot_predictions(predictions, targets, names, out_png) -> None:
         axis.set_ylim(-1.2, 1.2)
         axis.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def evaluate(run_dir, split: str = "validation", data_dir: str | None = None) -> dict:
-    from common.plots import plot_training_curves
-    from common.runs import load_run
+OUTPUTS = ("metrics.json", "predictions.npz", "pred_vs_true.png", "training_curves.png")
+
+
+def evaluate(run_dir, split: str = "validation", data_dir: str | None = None, force: bool = False) -> dict:
+    from common.runs import evaluate_run
     from cosmoflow.config import CosmoflowConfig
+
+    return evaluate_run(run_dir, CosmoflowConfig, "cosmoflow.evaluate", OUTPUTS, _evaluate, data_dir, force,
+                        split=split)
+
+
+def _evaluate(writer, cfg, model, split: str) -> dict:
+    from common.plots import plot_training_curves
     from cosmoflow.data import evaluation_dataset, read_targets
 
-    run_dir = pathlib.Path(run_dir)
-    cfg, model = load_run(run_dir, CosmoflowConfig, data_dir)
+    run_dir = writer.run_dir
     names = list(cfg.data.target_names)
     dataset, count = evaluation_dataset(cfg, split)
     predictions, targets = [], []
@@ -105,12 +112,13 @@ def evaluate(run_dir, split: str = "validation", data_dir: str | None = None) ->
         "parity": parity(predictions, targets, names),
         "units": "normalised targets in [-1, 1]",
     }
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    np.savez(run_dir / "predictions.npz", predictions=predictions, targets=targets, names=np.array(names))
-    plot_predictions(predictions, targets, names, run_dir / "pred_vs_true.png")
+    writer.json("metrics.json", metrics)
+    writer.npz("predictions.npz", predictions=predictions, targets=targets, names=np.array(names))
+    writer.figure(plot_predictions(predictions, targets, names), "pred_vs_true.png")
     if (run_dir / "history.csv").is_file():
-        plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png",
-                             metrics=("loss", "mae", *(f"mae_{name}" for name in names)))
+        writer.figure(plot_training_curves(run_dir / "history.csv",
+                                           metrics=("loss", "mae", *(f"mae_{name}" for name in names))),
+                      "training_curves.png")
     return metrics
 
 
@@ -119,9 +127,10 @@ def main(argv=None) -> int:
     parser.add_argument("--run-dir", required=True, help="a training run directory (holds model.keras, config.yaml)")
     parser.add_argument("--split", default="validation", choices=["validation", "train"])
     parser.add_argument("--data-dir", help="evaluate on another dataset of the same layout")
+    parser.add_argument("--force", action="store_true", help=f"replace files this suite did not write ({', '.join(OUTPUTS)})")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        metrics = evaluate(args.run_dir, args.split, args.data_dir)
+        metrics = evaluate(args.run_dir, args.split, args.data_dir, args.force)
     width = max(len(n) for n in metrics["mae"])
     print(f"{metrics['split']} set, {metrics['n_samples']} samples; MAE in normalised units (model vs training mean):")
     for name, value in metrics["mae"].items():

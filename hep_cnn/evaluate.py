@@ -12,7 +12,6 @@ raw physics event weights.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import numpy as np
@@ -20,7 +19,8 @@ import numpy as np
 from common.cli import exit_process, exit_on_user_error
 
 
-def plot_roc(fpr, tpr, metrics, out_png) -> None:
+def plot_roc(fpr, tpr, metrics):
+    """The weighted ROC with the cut-based point (the figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,20 +41,26 @@ def plot_roc(fpr, tpr, metrics, out_png) -> None:
     axis.grid(alpha=0.3, which="both")
     axis.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def evaluate(run_dir, split: str = "test", data_dir: str | None = None) -> dict:
-    from common.plots import plot_training_curves
-    from common.runs import load_run
+OUTPUTS = ("metrics.json", "predictions.npz", "roc.png", "training_curves.png")
+
+
+def evaluate(run_dir, split: str = "test", data_dir: str | None = None, force: bool = False) -> dict:
+    from common.runs import evaluate_run
     from hep_cnn.config import HepConfig
+
+    return evaluate_run(run_dir, HepConfig, "hep_cnn.evaluate", OUTPUTS, _evaluate, data_dir, force, split=split)
+
+
+def _evaluate(writer, cfg, model, split: str) -> dict:
+    from common.plots import plot_training_curves
     from hep_cnn.data import evaluation_events
     from hep_cnn.metrics import physics_metrics, weighted_roc
     from hep_cnn.model import signal_scores
 
-    run_dir = pathlib.Path(run_dir)
-    cfg, model = load_run(run_dir, HepConfig, data_dir)
+    run_dir = writer.run_dir
     scores, labels, weights, pass_sr = [], [], [], []
     for images, y, w, p in evaluation_events(cfg, split):
         scores.append(signal_scores(model(images, training=False)))
@@ -62,14 +68,14 @@ def evaluate(run_dir, split: str = "test", data_dir: str | None = None) -> dict:
         weights.append(w.numpy())
         pass_sr.append(p.numpy())
     scores, labels, weights, pass_sr = (np.concatenate(a) for a in (scores, labels, weights, pass_sr))
-    np.savez(run_dir / "predictions.npz", scores=scores, labels=labels, weights=weights, pass_sr=pass_sr)
+    writer.npz("predictions.npz", scores=scores, labels=labels, weights=weights, pass_sr=pass_sr)
     metrics = physics_metrics(scores, labels, weights, pass_sr)
     metrics.update(split=split, n_events=int(len(labels)), n_signal=int(labels.sum()))
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    writer.json("metrics.json", metrics)
     fpr, tpr, _ = weighted_roc(scores, labels, weights)
-    plot_roc(fpr, tpr, metrics, run_dir / "roc.png")
+    writer.figure(plot_roc(fpr, tpr, metrics), "roc.png")
     if (run_dir / "history.csv").is_file():
-        plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png", metrics=("loss", "accuracy"))
+        writer.figure(plot_training_curves(run_dir / "history.csv", metrics=("loss", "accuracy")), "training_curves.png")
     return metrics
 
 
@@ -78,9 +84,10 @@ def main(argv=None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--split", default="test", choices=["test", "validation", "train"])
     parser.add_argument("--data-dir")
+    parser.add_argument("--force", action="store_true", help=f"replace files this suite did not write ({', '.join(OUTPUTS)})")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        m = evaluate(args.run_dir, args.split, args.data_dir)
+        m = evaluate(args.run_dir, args.split, args.data_dir, args.force)
     print(f"{m['split']} set, {m['n_events']} events ({m['n_signal']} signal); weighted where it says so:")
     print(f"  accuracy {m['accuracy']:.4f}, weighted ROC AUC {m['auc']:.4f}")
     print(f"  cut-based selection: TPR {m['cut_tpr']:.4f} at FPR {m['cut_fpr']:.4g}")

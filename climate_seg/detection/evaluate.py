@@ -10,7 +10,6 @@ listed under ``absent_classes``.
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import numpy as np
@@ -54,7 +53,7 @@ def average_precisions(predictions: list, truths: list) -> dict:
     return out
 
 
-def plot_boxes(images, truths, predictions, names, out_png, tmq_index: int) -> None:
+def plot_boxes(images, truths, predictions, names, tmq_index: int):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,11 +78,10 @@ def plot_boxes(images, truths, predictions, names, out_png, tmq_index: int) -> N
     fig.legend(handles=[Patch(color=c, label=n.replace("_", " ")) for c, n in zip(COLORS, DETECTION_CLASSES)],
                loc="lower center", ncol=4, fontsize=8)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-def plot_reconstruction(image, recon, channel_names, out_png) -> None:
+def plot_reconstruction(image, recon, channel_names):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,15 +98,19 @@ def plot_reconstruction(image, recon, channel_names, out_png) -> None:
             axes[row, column].set_xticks([])
             axes[row, column].set_yticks([])
     fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-def evaluate_detection(run_dir, cfg, model, split: str = "test") -> dict:
+OUTPUTS = ("metrics.json", "boxes.png", "reconstruction.png", "training_curves.png")
+
+
+def evaluate_detection(writer, cfg, model, split: str = "test") -> dict:
+    """AP per class and mAP of ``split``; metrics.json and the figures through ``writer`` (a
+    :class:`common.runs.EvaluationWriter` of the run directory)."""
     from climate_seg.detection.data import evaluation_samples, true_boxes
     from common.plots import plot_training_curves
 
-    run_dir = pathlib.Path(run_dir)
+    run_dir = writer.run_dir
     dataset, samples = evaluation_samples(cfg, split)
     cell = cfg.model.cell
     ev = cfg.evaluation
@@ -133,15 +135,15 @@ def evaluate_detection(run_dir, cfg, model, split: str = "test") -> dict:
     metrics.update(split=split, n_images=len(truths), n_true_boxes=int(sum(len(t) for t in truths)),
                    n_predicted_boxes=int(sum(len(p) for p in predictions)),
                    score_threshold=ev.score_threshold, nms_iou=ev.nms_iou)
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    writer.json("metrics.json", metrics)
     channels = list(cfg.data.channels)
     tmq = channels.index("TMQ") if "TMQ" in channels else 0
-    plot_boxes([s[0] for s in shown], [s[1] for s in shown], [s[2] for s in shown], [s[3] for s in shown],
-               run_dir / "boxes.png", tmq)
-    plot_reconstruction(shown[0][0], shown[0][4], channels, run_dir / "reconstruction.png")
+    writer.figure(plot_boxes([s[0] for s in shown], [s[1] for s in shown], [s[2] for s in shown],
+                             [s[3] for s in shown], tmq), "boxes.png", dpi=100)
+    writer.figure(plot_reconstruction(shown[0][0], shown[0][4], channels), "reconstruction.png", dpi=100)
     if (run_dir / "history.csv").is_file():
-        plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png",
-                             metrics=("loss", "detect_loss", "recon_loss"))
+        writer.figure(plot_training_curves(run_dir / "history.csv", metrics=("loss", "detect_loss", "recon_loss")),
+                      "training_curves.png")
     return metrics
 
 

@@ -12,7 +12,6 @@ the true and predicted cyclone and river outlines; ``RUN/training_curves.png``.
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 PLOTTED_SAMPLES = 3
 
 
-def plot_masks(fields, truth, predicted, names, out_png, tmq_channel: int = 0) -> None:
+def plot_masks(fields, truth, predicted, names, tmq_channel: int = 0):
     """TMQ with true (left) and predicted (right) cyclone and river regions outlined."""
     import matplotlib
 
@@ -45,12 +44,15 @@ def plot_masks(fields, truth, predicted, names, out_png, tmq_channel: int = 0) -
                                                                                label="atmospheric river")]
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=9)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-def evaluate(run_dir: pathlib.Path, cfg, model, split: str = "test") -> dict:
-    """IoU over every pixel of ``split``; writes metrics.json, masks.png, training_curves.png into ``run_dir``."""
+OUTPUTS = ("metrics.json", "masks.png", "training_curves.png")
+
+
+def evaluate(writer, cfg, model, split: str = "test") -> dict:
+    """IoU over every pixel of ``split``; writes metrics.json, masks.png, training_curves.png through
+    ``writer`` (a :class:`common.runs.EvaluationWriter` of the run directory)."""
     from climate_seg.cam5.config import CLASS_NAMES
     from climate_seg.segmentation.data import evaluation_dataset
     from common.metrics import iou_from_confusion
@@ -80,10 +82,11 @@ def evaluate(run_dir: pathlib.Path, cfg, model, split: str = "test") -> dict:
         "split": split,
         "n_samples": len(names),
     }
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    plot_masks(*shown, names, run_dir / "masks.png")
+    run_dir = writer.run_dir
+    writer.json("metrics.json", metrics)
+    writer.figure(plot_masks(*shown, names), "masks.png", dpi=100)
     if (run_dir / "history.csv").is_file():
-        plot_training_curves(run_dir / "history.csv", run_dir / "training_curves.png", metrics=("loss", "mean_iou"))
+        writer.figure(plot_training_curves(run_dir / "history.csv", metrics=("loss", "mean_iou")), "training_curves.png")
     return metrics
 
 
