@@ -51,7 +51,14 @@ trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 
 echo "launch: $MACHINE, $NODES node(s) x $RANKS_PER_NODE rank(s), $APP $CONFIG -> $RUN_DIR (log $LOG)"
-eval "$("$PYTHON" -m common.slurm env --app "$APP" --config "$CONFIG" "${OVERRIDES[@]}")"
+# The environment the config asks for; a failure here (a bad config: exit 2 and its one-line error) ends
+# the job at once: `eval "$(cmd)"` alone would go on under set -e.
+ENVIRONMENT=$("$PYTHON" -m common.slurm env --app "$APP" --config "$CONFIG" "${OVERRIDES[@]}") || {
+    status=$?
+    echo "launch: python -m common.slurm env failed (exit $status); not starting" >&2
+    exit "$status"
+}
+eval "$ENVIRONMENT"
 
 SRUN=(srun --nodes "$NODES" --ntasks "$NTASKS" --ntasks-per-node "$RANKS_PER_NODE"
       --cpus-per-task "$CPUS_PER_TASK" "${SRUN_BIND[@]}" --kill-on-bad-exit=1)
