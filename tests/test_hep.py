@@ -263,7 +263,7 @@ def test_tiny_train_and_evaluate(tmp_path):
     for key in ("auc", "accuracy", "cut_tpr", "cut_fpr", "tpr_at_cut_fpr"):
         assert 0.0 <= metrics[key] <= 1.0, key
     predictions = np.load(run_dir / "predictions.npz")
-    assert sorted(predictions.files) == ["labels", "pass_sr", "scores", "weights"]
+    assert sorted(predictions.files) == ["labels", "pass_sr", "scores", "weights", "written_by"]   # the mark
     assert len(predictions["scores"]) == metrics["n_events"] == 128
     # The recorded metrics follow from the recorded predictions (the pairwise definition as the reference).
     assert metrics["auc"] == pytest.approx(brute_force_auc(predictions["scores"], predictions["labels"],

@@ -179,6 +179,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_cosmo_data, tmp_
     assert result.returncode == 3, result.stderr[-3000:]
     message = [l for l in result.stderr.splitlines() if l.startswith("error:")][-1]
     assert "loss is" in message and "epoch 2, step" in message
+    assert f"the last good checkpoint is {good}" in message   # named, and it exists
     assert checkpoint.latest_checkpoint(run_dir / "checkpoints") == good
     assert hashlib.sha256(good.read_bytes()).hexdigest() == digest
 

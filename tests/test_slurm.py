@@ -140,3 +140,36 @@ def test_usage_error(stub_env):
     env, _ = stub_env
     result = run_script("slurm/knl.sbatch", env, "cosmoflow")
     assert result.returncode == 2 and "usage: sbatch -N <nodes> slurm/knl.sbatch" in result.stderr
+
+
+def test_a_bad_config_stops_the_job_before_any_srun(stub_env, tmp_path):
+    """`eval "$(python -m common.slurm env ...)"` would go on under set -e; the launcher must stop there."""
+    env, log = stub_env
+    result = run_script("slurm/knl.sbatch", env, "cosmoflow", "configs/cosmoflow/demo.yaml",
+                        "--set", "data.batch_size=many")
+    assert result.returncode == 2, result.stderr
+    assert "key 'data.batch_size'" in result.stderr and "not starting" in result.stderr
+    assert not any(line.startswith("srun") for line in calls(log))
+
+
+def test_local_slurm_refuses_a_folder_others_can_write(tmp_path):
+    """The cluster script runs as root: a folder another user can write to (where a link could be planted
+    for root to write through) is refused before anything is written; `down` with no cluster does nothing."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    env = {**os.environ, "LOCAL_SLURM_DIR": str(shared)}
+    result = subprocess.run(["bash", "scripts/local_slurm.sh", "up"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "writable by others" in result.stderr, result.stderr
+    assert list(shared.iterdir()) == []
+    link = tmp_path / "link"
+    link.symlink_to(shared)
+    result = subprocess.run(["bash", "scripts/local_slurm.sh", "up"], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "LOCAL_SLURM_DIR": str(link)}, timeout=60)
+    assert result.returncode == 2 and "symbolic link" in result.stderr
+    state = tmp_path / "state"
+    result = subprocess.run(["bash", "scripts/local_slurm.sh", "down"], cwd=REPO, capture_output=True, text=True,
+                            env={**{k: v for k, v in os.environ.items() if k != "LOCAL_SLURM_DIR"},
+                                 "LOCAL_SLURM_STATE": str(state)}, timeout=60)
+    assert result.returncode == 0 and not state.exists()
