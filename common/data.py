@@ -1,10 +1,9 @@
-"""Input-pipeline pieces every application uses: the datasets contract,
-shared-seed file shuffling with rank sharding, and staging to local storage."""
+"""Input-pipeline pieces every application uses (the datasets contract is
+:class:`common.application.Datasets`): shared-seed file shuffling with rank sharding, and staging to local storage."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -22,54 +21,6 @@ from common.errors import DataError
 from common.outputs import atomic_path, write_json
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Datasets:
-    """What an application's ``build_datasets`` returns to the trainer.
-
-    ``train_epoch(epoch)`` builds this rank's batches of one epoch, (x, y) or
-    (x, y, sample_weight), from ``epoch`` (an int) alone: its file
-    order and shuffles are seeded by (train.seed, epoch), so epoch e is the
-    same whether the run started at 0 or resumed at e.  It must hold at least
-    ``steps_per_epoch`` batches.  ``validation`` yields the same
-    ``validation_steps`` batches every epoch.  Every rank runs the same number
-    of steps (Horovod allreduces would hang otherwise).
-    """
-
-    train_epoch: Callable[[int], tf.data.Dataset]
-    validation: tf.data.Dataset | None
-    steps_per_epoch: int
-    validation_steps: int
-    train_samples: int        # global samples used for training per epoch
-    validation_samples: int   # global samples used for validation
-    skipped_files: list[str] = dataclasses.field(default_factory=list)  # data.on_bad_file: skip
-    # After TensorFlow's reader failed without naming a file (a corrupt record, a broken GZIP stream):
-    # re-read this rank's files to find it (the cost only on failure).  None: the reader names its files.
-    find_bad_file: Callable[[], DataError | None] | None = None
-
-    def diagnose(self, exc: Exception) -> DataError | None:
-        """The bad file behind a TensorFlow read error ``exc``, when it looks like one and can be found."""
-        if self.find_bad_file is None:
-            return None
-        text = str(exc).lower()
-        if not isinstance(exc, tf.errors.DataLossError) and not any(
-                word in text for word in ("record", "inflate", "zlib", "gzip", "compress")):
-            return None
-        log.warning(f"a read failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}); "
-                    "re-reading this rank's files to name the bad one")
-        return self.find_bad_file()
-
-    def train_stream(self, first_epoch: int, end_epoch: int, skip_steps: int = 0) -> tf.data.Dataset:
-        """Epochs ``first_epoch .. end_epoch - 1`` back to back, ``steps_per_epoch``
-        batches each, the first ``skip_steps`` batches left out (mid-epoch resume)."""
-        epochs = [self.train_epoch(e).take(self.steps_per_epoch) for e in range(first_epoch, end_epoch)]
-        stream = epochs[0]
-        for epoch in epochs[1:]:
-            stream = stream.concatenate(epoch)
-        if skip_steps:
-            stream = stream.skip(skip_steps)
-        return stream.prefetch(tf.data.AUTOTUNE)
 
 
 def epoch_seed(base_seed: int, epoch: int, salt: int = 0) -> int:

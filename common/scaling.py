@@ -201,7 +201,7 @@ def workload_from_config(config: str, overrides: list[str], rank_samples_per_sec
     from common.flops import TRAINING_FLOPS_FACTOR
     from common.trainer import describe_model
 
-    app = find_application(config, None)
+    app = find_application(config, None, app_option=False)
     cfg = load_config(app.config_schema, config, overrides)
     described = describe_model(app, cfg, 1)
     compressed = cfg.distributed.gradient_compression == "fp16"
@@ -210,7 +210,7 @@ def workload_from_config(config: str, overrides: list[str], rank_samples_per_sec
                     training_flops_per_sample=TRAINING_FLOPS_FACTOR * described["forward_flops_per_sample"],
                     local_batch=cfg.data.batch_size, gradient_bytes_per_parameter=2 if compressed else 4,
                     sample_bytes=sample_bytes or 4.0 * math.prod(described["input_shape"]),
-                    rank_samples_per_second=rank_samples_per_second, precision=cfg.train.precision,
+                    rank_samples_per_second=rank_samples_per_second, precision=described["precision"],
                     gradient_lag=bool(getattr(cfg.train, "gradient_lag", 0)),
                     staged=bool(getattr(cfg.data, "stage_dir", None)), fusion_threshold_bytes=fusion,
                     dataset_bytes=dataset_bytes)

@@ -1,6 +1,6 @@
 """The one training loop every application uses.
 
-An application hands the trainer an :class:`Application`: its config schema,
+An application hands the trainer an :class:`~common.application.Application`: its config schema,
 ``build_model(cfg)``, ``build_datasets(cfg, dist)``, loss and metrics.  The
 trainer does the rest: precision policy, optimizer and schedule, the
 Horovod-allreduced ``train_step``, broadcast of the initial state, resume,
@@ -11,143 +11,33 @@ the final ``model.keras`` and ``summary.json``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import pathlib
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from common import batch_norm, checkpoint, cpu, outputs, precision
+from common.application import Application, Datasets
 from common.callbacks import (EpochEndSync, EpochReport, LearningRateLog, SaveCheckpoint, Throughput, confusion_metrics,
                               rng_variables, state_variables)
 from common.config import AppConfig, save_config
-from common.data import Datasets, data_error_from_pipeline
+from common.data import data_error_from_pipeline
 from common.distributed import Distributed
 from common.errors import NonFiniteLoss, Preempted, UserInputError
 from common.hybrid import GroupExchange
 from common.flops import FLOP_CONVENTION, TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
 from common.mlperf import MlperfCallback, MlperfLog
 from common.optimizers import build_optimizer, peak_learning_rate
-from common.reliability import StepGuard, StepSignals, StopRequest, Watchdog
+from common.reliability import StepGuard, StopRequest, Watchdog
 from common.schedules import build_schedule
+from common.training_model import TrainingModel
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class MlperfSpec:
-    """How an application appears in an MLPerf HPC log."""
-
-    benchmark: str                    # submission_benchmark value
-    metric_key: str                   # e.g. "eval_error"
-    logs_key: str                     # where the metric is in Keras logs, e.g. "val_mae"
-    target: Callable[[Any], float]    # cfg -> quality target
-    higher_is_better: bool = False
-    # (cfg, the built WarmupDecay schedule) -> extra {key: value} events (override the common ones)
-    hyperparameters: Callable[[Any, Any], dict] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Application:
-    """What an application gives the engine."""
-
-    name: str
-    config_schema: type[AppConfig]
-    build_model: Callable[[Any], keras.Model]
-    build_datasets: Callable[[Any, Distributed], Datasets]
-    loss: Callable[[Any], Any]
-    metrics: Callable[[Any], list]
-    default_config: pathlib.Path | None = None
-    prepare_data: Callable[[Any], Any] | None = None   # rank 0, before the datasets are built
-    check_data: Callable[[Any], tuple[int, list[str]]] | None = None  # cfg -> (files checked, every problem)
-    mlperf: MlperfSpec | None = None
-
-
-class TrainingModel(keras.Model):
-    """Wraps an application's network with the data-parallel training step.
-
-    ``train_step``: forward and loss under a GradientTape, loss scaled for
-    mixed_float16, gradients averaged over ranks with one grouped allreduce,
-    then ``optimizer.apply`` (whose loss-scale finite check therefore sees the
-    same gradients, and takes the same decision, on every rank).
-    """
-
-    def __init__(self, network: keras.Model, dist: Distributed, gradient_compression: str = "none",
-                 gradient_lag: int = 0, **kwargs):
-        super().__init__(name=kwargs.pop("name", f"train_{network.name}"), **kwargs)
-        self.network = network
-        self._dist = dist
-        self._gradient_compression = gradient_compression
-        self.step_signals = StepSignals()
-        self._lagged_gradients = []
-        if gradient_lag:
-            # Model state (checkpointed, broadcast): resuming mid-run applies the pending gradients.
-            self._lagged_gradients = [
-                self.add_weight(shape=v.shape, dtype=v.dtype, initializer="zeros", trainable=False,
-                                name=f"lagged_gradient_{i}") for i, v in enumerate(network.trainable_variables)]
-            self._lag_filled = self.add_weight(shape=(), dtype="float32", initializer="zeros", trainable=False,
-                                               name="lagged_gradient_filled")
-        self.built = True
-
-    def call(self, inputs, training=None):
-        return self.network(inputs, training=training)
-
-    def train_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-            self._loss_tracker.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
-            scaled_loss = self.optimizer.scale_loss(loss)
-        variables = self.trainable_variables
-        gradients = tape.gradient(scaled_loss, variables)
-        if self._lagged_gradients:
-            # Gradient lag (SC18): update with the previous step's allreduced gradients; this step's
-            # allreduce has no consumer until the next step, so it runs alongside the update.
-            self._apply_lagged(variables)
-        gradients = self._dist.allreduce_gradients(gradients, compression=self._gradient_compression)
-        # The same on every rank (the gradients are allreduced): a NaN/Inf gradient stops every rank at this
-        # step (StepGuard), before a NaN weight can reach a checkpoint or model.keras.
-        self.step_signals.gradients_finite.assign(tf.cast(all_finite(gradients), tf.float32))
-        if self._lagged_gradients:
-            for buffer, gradient in zip(self._lagged_gradients, gradients):
-                buffer.assign(gradient)
-            self._lag_filled.assign(1.0)
-        else:
-            self.optimizer.apply(gradients, variables)
-        # The rank-averaged loss, "has any rank been asked to stop?" and "is the group leader's
-        # cross-group exchange done?" ride one small allreduce (over the group in hybrid mode).
-        signals = self.step_signals
-        shared = self._dist.allreduce(
-            tf.stack([tf.cast(loss, tf.float32), signals.stop_requested, signals.exchange_ready]),
-            average=True, name="step_signals", group_only=True)
-        signals.global_loss.assign(shared[0])
-        signals.global_stop.assign(shared[1])
-        signals.group_exchange_ready.assign(shared[2])
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-
-    def _apply_lagged(self, variables):
-        previous = [buffer.value for buffer in self._lagged_gradients]
-
-        def apply():
-            self.optimizer.apply(previous, variables)
-            return tf.constant(True)
-
-        # The first step has nothing to apply yet.
-        tf.cond(self._lag_filled > 0, apply, lambda: tf.constant(False))
-
-
-def all_finite(tensors) -> tf.Tensor:
-    """Whether every element of ``tensors`` (None and IndexedSlices allowed) is finite: one boolean."""
-    checks = [tf.reduce_all(tf.math.is_finite(t.values if isinstance(t, tf.IndexedSlices) else t))
-              for t in tensors if t is not None]
-    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
 def configure_determinism(cfg: AppConfig, dist: Distributed) -> None:
@@ -158,10 +48,16 @@ def configure_determinism(cfg: AppConfig, dist: Distributed) -> None:
 
 
 def describe_model(app: Application, cfg: AppConfig, ranks: int) -> dict:
-    """What ``--dry-run`` prints: the model built from the config, without data."""
+    """What ``--dry-run`` prints: the model built from the config, without data.  ``cfg`` and Keras' global
+    dtype policy are left as they were (the model is built from a copy with the precision resolved)."""
+    cfg = cfg.model_copy(deep=True)
     cfg.train.precision = precision.resolve(cfg.train.precision)
+    previous_policy = keras.config.dtype_policy()
     precision.set_precision(cfg.train.precision)
-    network = app.build_model(cfg)
+    try:
+        network = app.build_model(cfg)
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
     flops = forward_flops_per_sample(network)
     return {
         "app": app.name,
@@ -501,9 +397,10 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
                                                          profile_batch=0))
         if mlperf_log.enabled:
             mlperf_callback = MlperfCallback(mlperf_log, app.mlperf.metric_key, app.mlperf.logs_key,
-                                             app.mlperf.target(cfg), app.mlperf.higher_is_better)
+                                             app.mlperf.target, app.mlperf.higher_is_better)
             callbacks.append(mlperf_callback)
         callbacks.append(EpochReport(cfg.train.epochs))
+    check_callback_order(callbacks)
     over = f" over {dist.controller}" if dist.controller else ""
     log.info(f"{app.name}: {dist.size} rank(s) [{dist.backend}]{over}, global batch {global_batch_size}, "
              f"{datasets.steps_per_epoch} steps/epoch, {datasets.train_samples} training and "
@@ -549,8 +446,8 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
     if cfg.train.precise_bn_batches and history.get("loss"):
         precise_bn = _precise_batch_norm(model, datasets, cfg, dist, history)
     _check_final_weights(network, dist)
-    summary = _summary(app, cfg, dist, history, network, forward_flops, global_batch_size, datasets,
-                       peak_flops_total, time.time() - started, first_epoch, mlperf_callback)
+    summary = _summary(app, cfg, dist, run, history, peak_flops_total, time.time() - started, first_epoch,
+                       mlperf_callback)
     if precise_bn is not None:
         summary["precise_bn"] = precise_bn
     if dist.is_root:
@@ -584,6 +481,22 @@ def _precise_batch_norm(model: TrainingModel, datasets: Datasets, cfg: AppConfig
              f"({time.time() - started:.0f} s): {shown}")
     return {"batches_per_rank": used, "samples": used * cfg.data.batch_size * dist.size,
             "validation_moving_averages": before, "validation_precise": after}
+
+
+def check_callback_order(callbacks: list) -> None:
+    """Keras calls callbacks in list order: the epoch's measurements (throughput, learning rate, the group
+    exchange) must come before the one synchronisation over ranks (:class:`EpochEndSync`), and everything that
+    writes the epoch (checkpoint, CSV, TensorBoard, MLPerf, the report) after it, or ranks write different
+    numbers."""
+    kinds = [type(c) for c in callbacks]
+    if kinds.count(EpochEndSync) != 1:
+        raise RuntimeError(f"exactly one EpochEndSync expected among the callbacks, got {kinds.count(EpochEndSync)}")
+    sync = kinds.index(EpochEndSync)
+    measuring = (Throughput, LearningRateLog, GroupExchange)
+    late = [k.__name__ for k in kinds[sync + 1:] if issubclass(k, measuring)]
+    early = [k.__name__ for k in kinds[:sync] if not issubclass(k, measuring)]
+    if late or early:
+        raise RuntimeError(f"callback order: {late} must come before EpochEndSync, {early} after it")
 
 
 def _fit_phases(position: tuple[int, int], epochs: int):
@@ -624,8 +537,10 @@ def _finish_mlperf(mlperf_callback, aborted: bool = False) -> None:
         mlperf_callback.finish(aborted=aborted)
 
 
-def _summary(app, cfg, dist, history, network, forward_flops, global_batch_size, datasets, peak_flops_total,
-             wall_time_s, initial_epoch, mlperf_callback) -> dict:
+def _summary(app: Application, cfg: AppConfig, dist: Distributed, run: Run, history: dict, peak_flops_total,
+             wall_time_s: float, initial_epoch: int, mlperf_callback) -> dict:
+    """summary.json: what ran, how fast, and the last epoch's metrics."""
+    datasets, forward_flops = run.datasets, run.forward_flops
     last = {k: float(v[-1]) for k, v in history.items() if v}
     rates = history.get("samples_per_second", [])
     # The first epoch of a run includes graph tracing; report the later ones when there are any.
@@ -637,14 +552,14 @@ def _summary(app, cfg, dist, history, network, forward_flops, global_batch_size,
         "ranks": dist.size,
         "backend": dist.backend,
         "controller": dist.controller,
-        "global_batch_size": global_batch_size,
+        "global_batch_size": run.global_batch_size,
         "precision": cfg.train.precision,
         "cpu": cpu.describe(),
         "epochs_completed": initial_epoch + len(history.get("loss", [])),
         "first_epoch_this_run": initial_epoch + 1,
         "train_samples_per_epoch": datasets.train_samples,
         "validation_samples": datasets.validation_samples,
-        "parameters": int(network.count_params()),
+        "parameters": int(run.network.count_params()),
         "forward_flops_per_sample": int(forward_flops),
         "flop_convention": FLOP_CONVENTION,
         "samples_per_second": samples_per_second,

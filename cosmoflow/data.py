@@ -35,7 +35,8 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.data import (Datasets, check_split_files, epoch_seed, list_files, reading, screen_files, select_count,
+from common.application import Datasets
+from common.data import (check_split_files, epoch_seed, list_files, reading, screen_files, select_count,
                          shards_files, shuffled_shards, stage_files, steps_for)
 from common.distributed import Distributed
 from common.errors import DataError
@@ -537,15 +538,13 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
         return _pipeline(cfg, records, training=True, seed=seed_e, layout=layout)
 
     valid_records = _records(cfg, valid_files, valid_index, dist, seed, False, layout).repeat(2)
-    validation = _pipeline(cfg, valid_records, training=False, seed=seed, layout=layout).take(valid_steps).repeat()
+    validation = _pipeline(cfg, valid_records, training=False, seed=seed, layout=layout)
     find_bad_file = None
     if data.format == "tfrecord":
         def find_bad_file():   # after a TF read error: re-read the files this rank reads, checksums and all
             return first_bad_file(train_files + valid_files, data.compression)
-    return Datasets(train_epoch=train_epoch, validation=validation, steps_per_epoch=steps,
-                    validation_steps=valid_steps,
-                    train_samples=steps * data.batch_size * dist.size,
-                    validation_samples=valid_steps * data.batch_size * dist.size,
+    return Datasets(train_epoch=train_epoch, validation_batches=validation, steps_per_epoch=steps,
+                    validation_steps=valid_steps, global_batch_size=data.batch_size * dist.size,
                     skipped_files=train_bad + valid_bad, find_bad_file=find_bad_file)
 
 

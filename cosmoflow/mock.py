@@ -22,6 +22,7 @@ renamed, :func:`common.outputs.generated_folder`).
 from __future__ import annotations
 
 import argparse
+import logging
 import multiprocessing
 import os
 import pathlib
@@ -30,10 +31,14 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from common.cli import exit_on_user_error
+from common.config import load_config
 from common.outputs import generated_folder, mark_hdf5
 from common.progress import Progress
 from common.errors import ConfigError
-from cosmoflow.config import TARGET_NAMES, MockSection
+from cosmoflow.config import TARGET_NAMES, CosmoflowConfig, MockSection
+
+log = logging.getLogger(__name__)
 
 OMEGA_B = 0.049  # baryon density, fixed (Planck 2018)
 
@@ -259,6 +264,12 @@ def ensure_mock_data(cfg, progress: bool = True) -> bool:
     return True
 
 
+def prepare_data(cfg) -> None:
+    """The engine's data step (rank 0, before the datasets are built): mock universes when asked and absent."""
+    if cfg.data.mock.generate_if_missing and ensure_mock_data(cfg):
+        log.info(f"generated mock universes in {cfg.data.data_dir}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.mock", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="take data_dir, shape, format and mock settings from this config")
@@ -274,9 +285,6 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, help="processes computing samples (default: one per CPU)")
     args = parser.parse_args(argv)
 
-    from common.cli import exit_on_user_error
-    from common.config import load_config
-    from cosmoflow.config import CosmoflowConfig
 
     with exit_on_user_error():
         raw_defaults = {"data": {"data_dir": args.out or "data/cosmoflow-mock"}}

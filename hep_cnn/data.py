@@ -21,17 +21,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 
 import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.data import Datasets, check_quietly, epoch_seed, list_files, reading, screen_files, select_count, steps_for
+from common.application import Datasets
+from common.data import check_quietly, epoch_seed, list_files, reading, screen_files, select_count, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 from hep_cnn.config import HepConfig
 from hep_cnn.loss import training_example
+from hep_cnn.maxima import write_maxima
+from hep_cnn.synth import dataset_present, generate_dataset
+
+log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPLIT_NAMES = {"train": ("train",), "validation": ("val",), "test": ("test",)}
@@ -227,7 +233,7 @@ def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed
             t.set_shape((None,))
         if scale is not None:
             images = images / np.maximum(scale, 1e-12)
-        weights = normalise_weights(weights, data.weight_normalisation, maxima["weight_max"])
+        weights = normalise_weights(weights, data.weight_normalization, maxima["weight_max"])
         return tf.data.Dataset.from_tensor_slices((images, labels, weights, pass_sr))
 
     events = table.interleave(read, cycle_length=4 if training else 1, num_parallel_calls=AUTOTUNE,
@@ -273,10 +279,9 @@ def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
         return _batches(cfg, _events(cfg, train_chunks, maxima, dist, seed_e, True).repeat(2), True, seed_e)
 
     validation = _batches(cfg, _events(cfg, valid_chunks, maxima, dist, seed, False).repeat(2), False, seed)
-    return Datasets(train_epoch=train_epoch, validation=validation.take(valid_steps).repeat(),
+    return Datasets(train_epoch=train_epoch, validation_batches=validation,
                     steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
-                    train_samples=steps * data.batch_size * dist.size,
-                    validation_samples=valid_steps * data.batch_size * dist.size)
+                    global_batch_size=data.batch_size * dist.size)
 
 
 def evaluation_events(cfg: HepConfig, split: str = "test"):
@@ -284,7 +289,7 @@ def evaluation_events(cfg: HepConfig, split: str = "test"):
     chunks = split_chunks(cfg, split)
     maxima = load_maxima(cfg)
     raw = cfg.model_copy(deep=True)
-    raw.data.weight_normalisation = "none"
+    raw.data.weight_normalization = "none"
     events = _events(raw, chunks, maxima, Distributed(), cfg.train.seed, training=False)
     return events.batch(cfg.data.batch_size).prefetch(AUTOTUNE)
 
@@ -317,3 +322,18 @@ def check_data(cfg: HepConfig) -> tuple[int, list[str]]:
     if not maxima_path(cfg).is_file():
         problems.append(f"{maxima_path(cfg)}: training-set maxima not found; run python -m hep_cnn.maxima")
     return len(files), problems
+
+
+def prepare_data(cfg: HepConfig) -> None:
+    """The engine's data step (rank 0, before the datasets are built): synthetic events when asked and absent,
+    and the training-set channel maxima when missing."""
+    data = cfg.data
+    directory = pathlib.Path(data.data_dir)
+    if data.synth.generate_if_missing and not dataset_present(directory):
+        s = data.synth
+        generate_dataset(directory, s.n_train, s.n_validation, s.n_test, data.image_size, s.signal_fraction,
+                         s.events_per_file, s.seed, "all_events" if data.layout == "auto" else data.layout)
+        log.info(f"generated synthetic events in {directory}")
+    if not maxima_path(cfg).is_file():
+        maxima = write_maxima(cfg)
+        log.info(f"computed training-set maxima {maxima['channel_max']} into {maxima_path(cfg)}")

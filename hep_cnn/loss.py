@@ -16,6 +16,11 @@ def build_loss(cfg: HepConfig) -> keras.losses.Loss:
     return keras.losses.BinaryCrossentropy()
 
 
+def build_metrics(cfg: HepConfig) -> list:
+    """Accuracy during training; the ROC, AUC and the cut-based comparison are ``hep_cnn.evaluate``'s."""
+    return ["accuracy"]
+
+
 def training_example(cfg: HepConfig):
     """(image, label, weight, pass_sr) -> what the loss takes: the label as a class index (softmax) or a
     float (sigmoid), and the event weight as the sample weight when the loss is weighted."""

@@ -388,7 +388,7 @@ def test_crops_and_rank_shards(tiny_climate):
 
 def test_gradient_lag_applies_each_step_gradient_one_step_later():
     from common import distributed
-    from common.trainer import TrainingModel
+    from common.training_model import TrainingModel
 
     rng = np.random.default_rng(4)
     x, y = rng.normal(size=(3, 4, 2)).astype(np.float32), rng.normal(size=(3, 4, 1)).astype(np.float32)

@@ -1,34 +1,23 @@
-"""What semi-supervised detection gives the engine: its :class:`~common.trainer.Application`."""
+"""What semi-supervised detection gives the engine: its :class:`~common.application.Application` (no TensorFlow
+imported here)."""
 
 from __future__ import annotations
 
 import pathlib
 
-from climate_seg.cam5.data import prepare, stats_path
-from climate_seg.cam5.synth import generate_detection_dataset
 from climate_seg.detection.config import DetectConfig
-from climate_seg.detection.data import build_datasets, check_data
-from climate_seg.detection.loss import build_loss
-from climate_seg.detection.model import build_detector
-from common.trainer import Application
+from common.application import Application
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _prepare_data(cfg: DetectConfig) -> None:
-    """Synthetic snapshots into an absent or empty data folder when asked; the channel statistics when missing."""
-    prepare(cfg, lambda root: generate_detection_dataset(root, cfg.data.synth, progress=False),
-            "detection snapshots", stats_path(cfg), cfg.data.file_channels)
-
 
 APPLICATION = Application(
     name="climate_detection",
     config_schema=DetectConfig,
-    build_model=build_detector,
-    build_datasets=build_datasets,
-    loss=build_loss,
-    metrics=lambda cfg: [],
+    build_model="climate_seg.detection.model:build_detector",
+    build_datasets="climate_seg.detection.data:build_datasets",
+    loss="climate_seg.detection.loss:build_loss",
+    metrics="climate_seg.detection.loss:build_metrics",
     default_config=REPO_ROOT / "configs" / "climate_seg" / "demo_detect.yaml",
-    prepare_data=_prepare_data,
-    check_data=check_data,
+    prepare_data="climate_seg.detection.data:prepare_data",
+    check_data="climate_seg.detection.data:check_data",
 )

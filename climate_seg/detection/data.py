@@ -32,8 +32,10 @@ import tensorflow as tf
 from climate_seg.detection.boxes import TARGET_CHANNELS, encode
 from climate_seg.detection.config import BOX_COLUMNS, DetectConfig
 from climate_seg.cam5.stats import load_stats
-from climate_seg.cam5.data import SPLITS, normalizer, screened_split, stats_path
-from common.data import Datasets, check_split_files, epoch_seed, reading, steps_for
+from climate_seg.cam5.data import SPLITS, normalizer, prepare, screened_split, stats_path
+from climate_seg.cam5.synth import generate_detection_dataset
+from common.application import Datasets
+from common.data import check_split_files, epoch_seed, reading, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 
@@ -278,10 +280,9 @@ def build_datasets(cfg: DetectConfig, dist: Distributed) -> Datasets:
         return stream
 
     validation = _dataset(cfg, valid, stats, dist, seed, False).repeat().batch(data.batch_size, drop_remainder=True)
-    return Datasets(train_epoch=train_epoch, validation=validation.take(valid_steps).cache().repeat(),
+    return Datasets(train_epoch=train_epoch, validation_batches=validation, cache_validation=True,
                     steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
-                    train_samples=steps * data.batch_size * dist.size,
-                    validation_samples=valid_steps * data.batch_size * dist.size)
+                    global_batch_size=data.batch_size * dist.size)
 
 
 def evaluation_samples(cfg: DetectConfig, split: str = "test"):
@@ -324,3 +325,9 @@ def check_data(cfg: DetectConfig) -> tuple[int, list[str]]:
     except DataError as exc:
         problems.append(str(exc))
     return checked, problems
+
+
+def prepare_data(cfg: DetectConfig) -> None:
+    """Synthetic snapshots into an absent or empty data folder when asked; the channel statistics when missing."""
+    prepare(cfg, lambda root: generate_detection_dataset(root, cfg.data.synth, progress=False),
+            "detection snapshots", stats_path(cfg), cfg.data.file_channels)

@@ -16,6 +16,11 @@ def build_loss(cfg: DetectConfig) -> dict:
             "recon": ReconstructionLoss(loss.lambda_ae)}
 
 
+def build_metrics(cfg: DetectConfig) -> list:
+    """None during training: the box mAP needs decoding and matching (``climate_seg.detection.evaluate``)."""
+    return []
+
+
 def smooth_l1(x):
     absolute = ops.abs(x)
     return ops.where(absolute < 1.0, 0.5 * x * x, absolute - 0.5)

@@ -31,9 +31,12 @@ import tensorflow as tf
 
 from climate_seg.cam5.config import CHANNELS, CLASS_NAMES
 from climate_seg.segmentation.config import ClimateConfig
-from climate_seg.cam5.data import SPLITS, normalizer, screened_split, stats_path
-from climate_seg.cam5.stats import load_stats, read_sample, sample_layout
-from common.data import Datasets, check_split_files, epoch_seed, select_count, shards_files, stage_files, steps_for
+from climate_seg.cam5.convert import convert
+from climate_seg.cam5.data import SPLITS, normalizer, prepare, screened_split, stats_path
+from climate_seg.cam5.stats import class_counts_path, load_stats, read_sample, sample_layout, write_class_counts
+from climate_seg.cam5.synth import generate_dataset
+from common.application import Datasets
+from common.data import check_split_files, epoch_seed, select_count, shards_files, stage_files, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 
@@ -243,10 +246,9 @@ def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
         return _batches(cfg, _samples(cfg, train_files, stats, dist, seed_e, True, staged).repeat(), True, seed_e)
 
     validation = _batches(cfg, _samples(cfg, valid_files, stats, dist, seed, False).repeat(), False, seed)
-    return Datasets(train_epoch=train_epoch, validation=validation.take(valid_steps).cache().repeat(),
+    return Datasets(train_epoch=train_epoch, validation_batches=validation, cache_validation=True,
                     steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
-                    train_samples=steps * data.batch_size * dist.size,
-                    validation_samples=valid_steps * data.batch_size * dist.size)
+                    global_batch_size=data.batch_size * dist.size)
 
 
 def evaluation_dataset(cfg: ClimateConfig, split: str = "test") -> tuple[tf.data.Dataset, list[str]]:
@@ -276,3 +278,22 @@ def check_data(cfg: ClimateConfig) -> tuple[int, list[str]]:
     except DataError as exc:
         problems.append(str(exc))
     return checked, problems
+
+
+def prepare_data(cfg: ClimateConfig) -> None:
+    """Synthetic netCDF -> converted HDF5 samples -> stats.h5, for whatever is missing; and the class
+    counts a published statistics file lacks, when the loss weights need them (a file of their own)."""
+    def generate(root):
+        netcdf = generate_dataset(root / "netcdf", cfg.data.synth, progress=False)
+        for split in SPLITS:
+            convert([str(p) for p in netcdf[split]], root / split)
+
+    stats_file = stats_path(cfg)
+    prepare(cfg, generate, "CAM5 fields (netCDF, converted)", stats_file, CHANNELS)
+    counts_file = class_counts_path(stats_file)
+    if isinstance(cfg.loss.class_weights, str) and cfg.loss.class_weights != "none" and stats_file.is_file() \
+            and "class_frequencies" not in load_stats(stats_file) and not counts_file.is_file():
+        files = [f.path for f in split_files(cfg, "train")]
+        frequencies = write_class_counts(counts_file, files)
+        log.info(f"{stats_file} holds no class frequencies; counted them over {len(files)} training samples into "
+                 f"{counts_file}: " + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)))

@@ -10,6 +10,7 @@ from keras import ops
 from climate_seg.cam5.config import CLASS_NAMES
 from climate_seg.segmentation.config import ClimateConfig
 from common.errors import DataError
+from common.metrics import ConfusionMatrix
 
 
 def build_loss(cfg: ClimateConfig) -> keras.losses.Loss:
@@ -63,3 +64,8 @@ class WeightedPixelCrossEntropy(keras.losses.Loss):
 
     def get_config(self):
         return {**super().get_config(), "class_weights": self.class_weights}
+
+
+def build_metrics(cfg: ClimateConfig) -> list:
+    """The mean IoU over the classes (DeepCAM's quality metric), from a confusion matrix summed over ranks."""
+    return [ConfusionMatrix(len(CLASS_NAMES), CLASS_NAMES, name="mean_iou")]

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 
 from common import distributed, precision
-from common.trainer import TrainingModel
+from common.training_model import TrainingModel
 
 GLOBAL_BATCH = 8
 STEPS = 3

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from common import distributed
 from common.hybrid import GroupExchange
-from common.trainer import TrainingModel
+from common.training_model import TrainingModel
 
 STEPS, EVERY = 40, 4
 out = sys.argv[1]
