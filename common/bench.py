@@ -34,6 +34,7 @@ import json
 import pathlib
 import time
 
+from common import logs
 from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
 
@@ -219,6 +220,7 @@ def main(argv=None) -> int:
             overrides.append(f"train.precision={args.precision}")
         cfg = load_config(application.config_schema, args.config, overrides)
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
+        logs.configure(dist.rank, dist.size, ("common", application.package))
         profile_dir = args.profile and (args.profile if dist.size == 1 else f"{args.profile}/rank{dist.rank}")
         result = run(application, cfg, dist, args.steps, profile_dir=profile_dir)
     if dist.is_root:

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import pathlib
 import sys
 import traceback
 
-from common.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, NonFiniteLoss, Preempted, UserInputError
+from common import logs
+from common.config import load_config, read_yaml
+from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
+                           Preempted, UserInputError)
+from common.preemption import StopRequest
 
 
 def exit_process(code: int) -> None:
@@ -83,20 +88,18 @@ def default_output_dir(app, cfg, config_path) -> pathlib.Path:
 def application_of(package: str, config_path=None):
     """The Application of ``<package>.application``: its ``APPLICATION``, or the one ``application_for(config)``
     picks where a package holds several (climate_seg: segmentation and detection)."""
-    import importlib
-
     module = importlib.import_module(f"{package}.application")
     if hasattr(module, "application_for"):
         return module.application_for(config_path)
     return module.APPLICATION
 
 
-def find_application(config_path: str, app_name: str | None = None):
-    """The application a config is for: ``app_name``, else the config's ``model.name``, else its folder
-    (``configs/<app>/...``)."""
-    from common.config import read_yaml
-    from common.errors import ConfigError
+APPLICATION_PACKAGES = ("cosmoflow", "hep_cnn", "climate_seg")
 
+
+def find_application(config_path: str, app_name: str | None = None, app_option: bool = True):
+    """The application a config is for: ``app_name``, else the config's ``model.name``, else its folder
+    (``configs/<app>/...``).  ``app_option``: the calling tool has an ``--app`` option to suggest."""
     candidates = [app_name] if app_name else []
     raw = read_yaml(config_path)
     if isinstance(raw.get("model"), dict) and raw["model"].get("name"):
@@ -108,13 +111,13 @@ def find_application(config_path: str, app_name: str | None = None):
         except ModuleNotFoundError as exc:
             if exc.name not in (name, f"{name}.application"):
                 raise
-    raise ConfigError(f"{config_path}: cannot tell which application it configures; pass --app NAME")
+    hint = "pass --app NAME, or " if app_option else ""
+    raise ConfigError(f"{config_path}: cannot tell which application it configures; {hint}keep it in "
+                      f"configs/<app>/ (app: one of {', '.join(APPLICATION_PACKAGES)})")
 
 
 def run_train(package: str, argv=None) -> int:
     """``python -m <package>.train``: the application of ``package`` trained as the command line says."""
-    from common.preemption import StopRequest
-
     # First, before TensorFlow loads: a preemption signal during start-up is a stop request honoured at
     # the first step (checkpoint, exit 75, requeue), not SIGUSR1's default action, which ends the rank.
     stop_request = StopRequest()
@@ -124,9 +127,8 @@ def run_train(package: str, argv=None) -> int:
         app = application_of(package, config)
     args = train_parser(app).parse_args(argv)
     with exit_on_user_error():
-        from common.config import load_config
-
         cfg = load_config(app.config_schema, args.config, args.set)
+        # TensorFlow and Horovod load only from here: arguments and config are checked without them.
         if args.dry_run:
             from common.distributed import launched_world_size
             from common.trainer import describe_model
@@ -139,6 +141,7 @@ def run_train(package: str, argv=None) -> int:
 
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
                                 groups=cfg.distributed.groups)
+        logs.configure(dist.rank, dist.size, ("common", app.package))
         output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
         try:
             train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak, force=args.force,

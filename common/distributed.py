@@ -16,7 +16,6 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from common import logs
 from common.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -265,7 +264,6 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
     local_size = hvd.local_size() if hvd is not None else _local_size_hint() if launched > 1 else 1
     _configure_threads(intra_op_threads, inter_op_threads, local_size)
     dist = HorovodDistributed(hvd, groups=groups, process_sets=process_sets) if hvd is not None else Distributed()
-    logs.configure(dist.rank, dist.size)
     if pin_gpu:
         _pin_gpu(dist.local_rank)
     _CURRENT = dist

@@ -11,10 +11,6 @@ from __future__ import annotations
 import logging
 import sys
 
-# The packages whose loggers this configures.
-PACKAGES = ("common", "cosmoflow", "climate_seg", "hep_cnn")
-
-
 class _Formatter(logging.Formatter):
     def __init__(self, prefix: str):
         super().__init__()
@@ -27,11 +23,12 @@ class _Formatter(logging.Formatter):
         return self.prefix + message
 
 
-def configure(rank: int = 0, size: int = 1, stream=None) -> None:
-    """(Re)configure the suite's loggers for this process's rank."""
+def configure(rank: int, size: int, packages: tuple[str, ...], stream=None) -> None:
+    """(Re)configure the loggers of ``packages`` (the engine's ``common`` and the running application's
+    package) for this process's rank.  Called by each entry point once it knows its rank."""
     handler = logging.StreamHandler(stream or sys.stdout)
     handler.setFormatter(_Formatter(f"[{rank}/{size}] " if size > 1 else ""))
-    for name in PACKAGES:
+    for name in packages:
         logger = logging.getLogger(name)
         logger.handlers = [handler]
         logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)

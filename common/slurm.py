@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from common import logs
 from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
 
@@ -50,6 +51,7 @@ def main(argv=None) -> int:
 
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
                                 groups=cfg.distributed.groups)
+        logs.configure(dist.rank, dist.size, ("common", application.package))
         from common.trainer import prepare_data
 
         datasets = prepare_data(application, cfg, dist)   # the trainer's own: staging happens as it reads

@@ -294,13 +294,14 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing file this suite did not write")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        from common import distributed
+        from common import distributed, logs
         from common.data import list_files
 
         files = list_files(args.directory, ("*.h5",), "climate sample")
         out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory).resolve().parent / "stats.h5"
         check_replaceable(out, args.force, "pass --force to replace it, or --out to write elsewhere")  # before the pass
         dist = distributed.init()
+        logs.configure(dist.rank, dist.size, ("common", "climate_seg"))
         stats = compute_stats(files, dist)
         if dist.is_root:
             # ExtremeWeather files keep their channels in alphabetical order.

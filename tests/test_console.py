@@ -1,0 +1,98 @@
+"""The console: the application contract and --help without TensorFlow, TensorFlow's start-up lines kept
+off standard error unless the user asks for them, the callback order checked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from common import quiet
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENTRY_POINTS = ["cosmoflow.train", "hep_cnn.train", "climate_seg.train", "cosmoflow.evaluate", "hep_cnn.evaluate",
+                "climate_seg.evaluate", "common.check_data", "common.bench", "common.slurm", "common.scaling"]
+
+
+def _python(code: str, env_update: dict | None = None, drop=("TF_CPP_MIN_LOG_LEVEL",)):
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("HPC_DL_SUITE_SET_TF")}
+    env.update(env_update or {})
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_contract_and_applications_import_no_tensorflow():
+    code = ("import sys, common.application, cosmoflow.application, hep_cnn.application, "
+            "climate_seg.segmentation.application, climate_seg.detection.application, common.cli, common.config; "
+            "print(sorted(m for m in ('tensorflow', 'keras', 'horovod', 'h5py') if m in sys.modules))")
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_help_answers_before_tensorflow(module):
+    # runpy runs the entry point as `python -m` would; argparse's --help exits before any TensorFlow import.
+    code = (f"import runpy, sys; sys.argv = ['{module}', '--help']\n"
+            f"try:\n    runpy.run_module('{module}', run_name='__main__')\n"
+            "except SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n"
+            "print('TF' if 'tensorflow' in sys.modules else 'no TF')")
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout
+    assert result.stdout.strip().endswith("no TF")
+
+
+def test_tensorflow_start_up_lines_filtered_but_errors_kept():
+    # A line written to standard error during the import (here by a module TensorFlow imports, numpy's
+    # warnings stand-in) must survive; Abseil's INFO/WARNING start-up lines must not.
+    code = ("import os, sys, common\n"
+            "import tensorflow as tf\n"
+            "tf.constant(1.0) + 1.0\n"
+            "print('after', file=sys.stderr)")
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    assert "absl::InitializeLog" not in result.stderr
+    assert "oneDNN custom operations" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if quiet.NOISE.match(line)] == []
+    assert result.stderr.strip().splitlines()[-1] == "after"
+
+
+def test_user_setting_wins():
+    result = _python("import common, os, tensorflow; print(os.environ['TF_CPP_MIN_LOG_LEVEL'])",
+                     {"TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"
+    if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0":
+        # TensorFlow's own lines, unfiltered (their exact text is TensorFlow's, so only the Abseil shape).
+        assert any(quiet.NOISE.match(line) for line in result.stderr.splitlines()), result.stderr
+
+
+def test_filter_keeps_everything_but_start_up_noise():
+    text = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+            "I0000 00:00:1796281232.920796   21326 port.cc:153] oneDNN custom operations are on.\n"
+            "W1203 06:21:07.123456 42 cpu_feature_guard.cc:12] something\n"
+            "E0000 00:00:1796281232.920796   21326 util.cc:1] a real error\n"
+            "/x/y.py:3: UserWarning: kept\n"
+            "I0000 is not a log line\n")
+    assert quiet.keep(text) == ("E0000 00:00:1796281232.920796   21326 util.cc:1] a real error\n"
+                                "/x/y.py:3: UserWarning: kept\n" "I0000 is not a log line\n")
+
+
+def test_callback_order_is_checked():
+    from common.callbacks import EpochEndSync, LearningRateLog, SaveCheckpoint, Throughput
+    from common.distributed import Distributed
+    from common.trainer import check_callback_order
+
+    dist = Distributed()
+    throughput, sync = Throughput(8, 1, None, 0), EpochEndSync(dist)
+    saver = SaveCheckpoint("/nonexistent/never-written", dist)
+    check_callback_order([throughput, LearningRateLog(), sync, saver])
+    with pytest.raises(RuntimeError, match=r"\['Throughput'\] must come before EpochEndSync"):
+        check_callback_order([LearningRateLog(), sync, throughput, saver])
+    with pytest.raises(RuntimeError, match=r"\['SaveCheckpoint'\] after it"):
+        check_callback_order([saver, throughput, sync])
+    with pytest.raises(RuntimeError, match="exactly one EpochEndSync"):
+        check_callback_order([throughput, saver])
