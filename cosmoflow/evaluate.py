@@ -17,12 +17,11 @@ and ``training_curves.png``.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
-
 import numpy as np
 
-from common.cli import exit_process, exit_on_user_error
+from common.cli import exit_process
+from common.evaluate import Evaluator, evaluate_run, main
+from cosmoflow.config import CosmoflowConfig
 
 
 def mean_absolute_errors(predictions: np.ndarray, targets: np.ndarray, names) -> dict[str, float]:
@@ -75,22 +74,10 @@ def plot_predictions(predictions, targets, names):
     return fig
 
 
-OUTPUTS = ("metrics.json", "predictions.npz", "pred_vs_true.png", "training_curves.png")
-
-
-def evaluate(run_dir, split: str = "validation", data_dir: str | None = None, force: bool = False) -> dict:
-    from common.runs import evaluate_run
-    from cosmoflow.config import CosmoflowConfig
-
-    return evaluate_run(run_dir, CosmoflowConfig, "cosmoflow.evaluate", OUTPUTS, _evaluate, data_dir, force,
-                        split=split)
-
-
 def _evaluate(writer, cfg, model, split: str) -> dict:
-    from common.plots import plot_training_curves
-    from cosmoflow.data import evaluation_dataset, read_targets
+    """MAE per parameter against the training-mean baseline, and the parity numbers, over every sample."""
+    from cosmoflow.data import evaluation_dataset, read_targets   # TensorFlow: after the arguments parsed
 
-    run_dir = writer.run_dir
     names = list(cfg.data.target_names)
     dataset, count = evaluation_dataset(cfg, split)
     predictions, targets = [], []
@@ -115,38 +102,37 @@ def _evaluate(writer, cfg, model, split: str) -> dict:
     writer.json("metrics.json", metrics)
     writer.npz("predictions.npz", predictions=predictions, targets=targets, names=np.array(names))
     writer.figure(plot_predictions(predictions, targets, names), "pred_vs_true.png")
-    if (run_dir / "history.csv").is_file():
-        writer.figure(plot_training_curves(run_dir / "history.csv",
-                                           metrics=("loss", "mae", *(f"mae_{name}" for name in names))),
-                      "training_curves.png")
     return metrics
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cosmoflow.evaluate", description="Evaluate a CosmoFlow run.")
-    parser.add_argument("--run-dir", required=True, help="a training run directory (holds model.keras, config.yaml)")
-    parser.add_argument("--split", default="validation", choices=["validation", "train"])
-    parser.add_argument("--data-dir", help="evaluate on another dataset of the same layout")
-    parser.add_argument("--force", action="store_true", help=f"replace files this suite did not write ({', '.join(OUTPUTS)})")
-    args = parser.parse_args(argv)
-    with exit_on_user_error():
-        metrics = evaluate(args.run_dir, args.split, args.data_dir, args.force)
+def report(metrics: dict) -> list[str]:
+    """The MAE table against the baseline, then the parity table."""
     width = max(len(n) for n in metrics["mae"])
-    print(f"{metrics['split']} set, {metrics['n_samples']} samples; MAE in normalised units (model vs training mean):")
+    lines = [f"{metrics['split']} set, {metrics['n_samples']} samples; MAE in normalised units (model vs training mean):"]
     for name, value in metrics["mae"].items():
-        print(f"  {name:<{width}}  {value:.4f}   vs {metrics['baseline_mae'][name]:.4f}")
-    print(f"  {'overall':<{width}}  {metrics['mae_overall']:.4f}   vs {metrics['baseline_mae_overall']:.4f}")
+        lines.append(f"  {name:<{width}}  {value:.4f}   vs {metrics['baseline_mae'][name]:.4f}")
+    lines.append(f"  {'overall':<{width}}  {metrics['mae_overall']:.4f}   vs {metrics['baseline_mae_overall']:.4f}")
     edges = [(row["true_low"], row["true_high"]) for row in next(iter(metrics["parity"].values()))["bins"]]
-    print("parity: mean prediction (std) in bins of the true value; slope and Pearson r of predicted on true")
-    print(f"  {'':<{width}}  " + "  ".join(f"[{low:+.1f},{high:+.1f}]" for low, high in edges) + "   slope     r")
+    lines.append("parity: mean prediction (std) in bins of the true value; slope and Pearson r of predicted on true")
+    lines.append(f"  {'':<{width}}  " + "  ".join(f"[{low:+.1f},{high:+.1f}]" for low, high in edges) + "   slope     r")
     for name, fit in metrics["parity"].items():
         cells = [f"{row['predicted_mean']:+.2f}({row['predicted_std']:.2f})" if row["count"] else f"{'-':^11}"
                  for row in fit["bins"]]
-        print(f"  {name:<{width}}  " + "  ".join(cells) + f"  {fit['slope']:+.3f}  "
-              + (f"{fit['pearson_r']:+.3f}" if fit["pearson_r"] is not None else "  -"))
-    print(f"wrote {pathlib.Path(args.run_dir) / 'metrics.json'}")
-    return 0
+        lines.append(f"  {name:<{width}}  " + "  ".join(cells) + f"  {fit['slope']:+.3f}  "
+                     + (f"{fit['pearson_r']:+.3f}" if fit["pearson_r"] is not None else "  -"))
+    return lines
+
+
+EVALUATOR = Evaluator(
+    tool="cosmoflow.evaluate", schema=CosmoflowConfig, evaluate=_evaluate, report=report,
+    outputs=("metrics.json", "predictions.npz", "pred_vs_true.png"), splits=("validation", "train"),
+    curves=lambda cfg: ("loss", "mae", *(f"mae_{name}" for name in cfg.data.target_names)), description="Evaluate a CosmoFlow run.")
+
+
+def evaluate(run_dir, split: str = "validation", data_dir: str | None = None, force: bool = False) -> dict:
+    """The metrics of the run in ``run_dir`` on ``split``, written to its ``metrics.json``."""
+    return evaluate_run(EVALUATOR, run_dir, split, data_dir, force)
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_process(main(EVALUATOR))

@@ -11,12 +11,12 @@ raw physics event weights.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
-
 import numpy as np
 
-from common.cli import exit_process, exit_on_user_error
+from common.cli import exit_process
+from common.evaluate import Evaluator, evaluate_run, main
+from hep_cnn.config import HepConfig
+from hep_cnn.metrics import physics_metrics, weighted_roc
 
 
 def plot_roc(fpr, tpr, metrics):
@@ -44,23 +44,11 @@ def plot_roc(fpr, tpr, metrics):
     return fig
 
 
-OUTPUTS = ("metrics.json", "predictions.npz", "roc.png", "training_curves.png")
-
-
-def evaluate(run_dir, split: str = "test", data_dir: str | None = None, force: bool = False) -> dict:
-    from common.runs import evaluate_run
-    from hep_cnn.config import HepConfig
-
-    return evaluate_run(run_dir, HepConfig, "hep_cnn.evaluate", OUTPUTS, _evaluate, data_dir, force, split=split)
-
-
 def _evaluate(writer, cfg, model, split: str) -> dict:
-    from common.plots import plot_training_curves
-    from hep_cnn.data import evaluation_events
-    from hep_cnn.metrics import physics_metrics, weighted_roc
+    """Scores of every event of ``split``; accuracy, weighted AUC and the comparison with the cuts."""
+    from hep_cnn.data import evaluation_events   # TensorFlow: after the arguments parsed
     from hep_cnn.model import signal_scores
 
-    run_dir = writer.run_dir
     scores, labels, weights, pass_sr = [], [], [], []
     for images, y, w, p in evaluation_events(cfg, split):
         scores.append(signal_scores(model(images, training=False)))
@@ -74,28 +62,28 @@ def _evaluate(writer, cfg, model, split: str) -> dict:
     writer.json("metrics.json", metrics)
     fpr, tpr, _ = weighted_roc(scores, labels, weights)
     writer.figure(plot_roc(fpr, tpr, metrics), "roc.png")
-    if (run_dir / "history.csv").is_file():
-        writer.figure(plot_training_curves(run_dir / "history.csv", metrics=("loss", "accuracy")), "training_curves.png")
     return metrics
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hep_cnn.evaluate", description="Evaluate a HEP CNN run.")
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--split", default="test", choices=["test", "validation", "train"])
-    parser.add_argument("--data-dir")
-    parser.add_argument("--force", action="store_true", help=f"replace files this suite did not write ({', '.join(OUTPUTS)})")
-    args = parser.parse_args(argv)
-    with exit_on_user_error():
-        m = evaluate(args.run_dir, args.split, args.data_dir, args.force)
-    print(f"{m['split']} set, {m['n_events']} events ({m['n_signal']} signal); weighted where it says so:")
-    print(f"  accuracy {m['accuracy']:.4f}, weighted ROC AUC {m['auc']:.4f}")
-    print(f"  cut-based selection: TPR {m['cut_tpr']:.4f} at FPR {m['cut_fpr']:.4g}")
+def report(m: dict) -> list[str]:
+    """Accuracy and AUC, the cuts' efficiencies, the CNN at the cuts' background efficiency."""
     ratio = m["tpr_ratio_to_cuts"]
-    print(f"  CNN at the same FPR: TPR {m['tpr_at_cut_fpr']:.4f}" + (f" ({ratio:.2f} x the cuts)" if ratio else ""))
-    print(f"wrote {pathlib.Path(args.run_dir) / 'metrics.json'}")
-    return 0
+    return [f"{m['split']} set, {m['n_events']} events ({m['n_signal']} signal); weighted where it says so:",
+            f"  accuracy {m['accuracy']:.4f}, weighted ROC AUC {m['auc']:.4f}",
+            f"  cut-based selection: TPR {m['cut_tpr']:.4f} at FPR {m['cut_fpr']:.4g}",
+            f"  CNN at the same FPR: TPR {m['tpr_at_cut_fpr']:.4f}" + (f" ({ratio:.2f} x the cuts)" if ratio else "")]
+
+
+EVALUATOR = Evaluator(
+    tool="hep_cnn.evaluate", schema=HepConfig, evaluate=_evaluate, report=report,
+    outputs=("metrics.json", "predictions.npz", "roc.png"), splits=("test", "validation", "train"),
+    curves=("loss", "accuracy"), description="Evaluate a HEP CNN run.")
+
+
+def evaluate(run_dir, split: str = "test", data_dir: str | None = None, force: bool = False) -> dict:
+    """The metrics of the run in ``run_dir`` on ``split``, written to its ``metrics.json``."""
+    return evaluate_run(EVALUATOR, run_dir, split, data_dir, force)
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_process(main(EVALUATOR))

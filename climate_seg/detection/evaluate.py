@@ -14,6 +14,9 @@ import pathlib
 
 import numpy as np
 
+from climate_seg.detection.config import DetectConfig
+from common.evaluate import Evaluator
+
 IOU_THRESHOLDS = (0.1, 0.5)
 PLOTTED_SAMPLES = 3
 COLORS = ("tab:green", "tab:red", "tab:purple", "tab:orange")
@@ -101,16 +104,10 @@ def plot_reconstruction(image, recon, channel_names):
     return fig
 
 
-OUTPUTS = ("metrics.json", "boxes.png", "reconstruction.png", "training_curves.png")
+def _evaluate(writer, cfg, model, split: str) -> dict:
+    """AP per class and mAP of ``split``; metrics.json and the figures through ``writer``."""
+    from climate_seg.detection.data import evaluation_samples, true_boxes   # TensorFlow: after the arguments
 
-
-def evaluate_detection(writer, cfg, model, split: str = "test") -> dict:
-    """AP per class and mAP of ``split``; metrics.json and the figures through ``writer`` (a
-    :class:`common.runs.EvaluationWriter` of the run directory)."""
-    from climate_seg.detection.data import evaluation_samples, true_boxes
-    from common.plots import plot_training_curves
-
-    run_dir = writer.run_dir
     dataset, samples = evaluation_samples(cfg, split)
     cell = cfg.model.cell
     ev = cfg.evaluation
@@ -141,9 +138,6 @@ def evaluate_detection(writer, cfg, model, split: str = "test") -> dict:
     writer.figure(plot_boxes([s[0] for s in shown], [s[1] for s in shown], [s[2] for s in shown],
                              [s[3] for s in shown], tmq), "boxes.png", dpi=100)
     writer.figure(plot_reconstruction(shown[0][0], shown[0][4], channels), "reconstruction.png", dpi=100)
-    if (run_dir / "history.csv").is_file():
-        writer.figure(plot_training_curves(run_dir / "history.csv", metrics=("loss", "detect_loss", "recon_loss")),
-                      "training_curves.png")
     return metrics
 
 
@@ -156,3 +150,9 @@ def report(m: dict) -> list[str]:
     if m["absent_classes"]:
         lines.append(f"  absent from the {m['split']} set (left out): {', '.join(m['absent_classes'])}")
     return lines
+
+
+EVALUATOR = Evaluator(
+    tool="climate_seg.evaluate", schema=DetectConfig, evaluate=_evaluate, report=report,
+    outputs=("metrics.json", "boxes.png", "reconstruction.png"), splits=("test", "validation", "train"),
+    curves=("loss", "detect_loss", "recon_loss"), description="Evaluate a climate detection run.")

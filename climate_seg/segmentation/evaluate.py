@@ -16,6 +16,9 @@ import pathlib
 
 import numpy as np
 
+from climate_seg.cam5.config import CLASS_NAMES
+from climate_seg.segmentation.config import ClimateConfig
+from common.evaluate import Evaluator
 
 PLOTTED_SAMPLES = 3
 
@@ -47,16 +50,10 @@ def plot_masks(fields, truth, predicted, names, tmq_channel: int = 0):
     return fig
 
 
-OUTPUTS = ("metrics.json", "masks.png", "training_curves.png")
-
-
-def evaluate(writer, cfg, model, split: str = "test") -> dict:
-    """IoU over every pixel of ``split``; writes metrics.json, masks.png, training_curves.png through
-    ``writer`` (a :class:`common.runs.EvaluationWriter` of the run directory)."""
-    from climate_seg.cam5.config import CLASS_NAMES
-    from climate_seg.segmentation.data import evaluation_dataset
+def _evaluate(writer, cfg, model, split: str) -> dict:
+    """IoU over every pixel of ``split``; writes metrics.json and masks.png through ``writer``."""
+    from climate_seg.segmentation.data import evaluation_dataset   # TensorFlow: after the arguments parsed
     from common.metrics import iou_from_confusion
-    from common.plots import plot_training_curves
 
     n = len(CLASS_NAMES)
     confusion = np.zeros((n, n), np.int64)
@@ -82,11 +79,8 @@ def evaluate(writer, cfg, model, split: str = "test") -> dict:
         "split": split,
         "n_samples": len(names),
     }
-    run_dir = writer.run_dir
     writer.json("metrics.json", metrics)
     writer.figure(plot_masks(*shown, names), "masks.png", dpi=100)
-    if (run_dir / "history.csv").is_file():
-        writer.figure(plot_training_curves(run_dir / "history.csv", metrics=("loss", "mean_iou")), "training_curves.png")
     return metrics
 
 
@@ -95,3 +89,9 @@ def report(m: dict) -> list[str]:
     return [f"{m['split']} set, {m['n_samples']} samples: mean IoU {m['mean_iou']:.4f} "
             f"(all-background prediction: {m['all_background_mean_iou']:.4f}), pixel accuracy {m['pixel_accuracy']:.4f}",
             "  IoU " + ", ".join(f"{name} {value:.4f}" for name, value in m["iou"].items())]
+
+
+EVALUATOR = Evaluator(
+    tool="climate_seg.evaluate", schema=ClimateConfig, evaluate=_evaluate, report=report,
+    outputs=("metrics.json", "masks.png"), splits=("test", "validation", "train"), curves=("loss", "mean_iou"),
+    description="Evaluate a climate segmentation run.")

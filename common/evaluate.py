@@ -1,0 +1,140 @@
+"""The one evaluation driver: load a finished run, run its application's evaluation, write through the
+guarded atomic writer, print the report.
+
+An application's ``evaluate`` module holds the science as an :class:`Evaluator`: its metrics (computed by
+``evaluate(writer, cfg, model, split)``, which writes ``metrics.json``, predictions and its own figures
+through ``writer``), the lines that report them, and which ``history.csv`` columns the training curves
+show.  Everything else (the command line, loading ``config.yaml`` and ``model.keras``, checking every output
+name before any work, the run folder's lock, the training curves, ``wrote ...``) is here.
+
+    python -m <app>.evaluate --run-dir RUN [--split S] [--data-dir D] [--force]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+from typing import Callable
+
+from common import outputs
+from common.cli import exit_on_user_error
+from common.config import load_config, read_yaml
+from common.errors import UserInputError
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+    """What one application's evaluation is (see the module docstring)."""
+
+    tool: str                                   # "cosmoflow.evaluate": the mark its files carry
+    schema: type                                # the application's config schema
+    evaluate: Callable[..., dict]               # (writer, cfg, model, split) -> metrics
+    report: Callable[[dict], list[str]]         # metrics -> the lines printed
+    outputs: tuple[str, ...]                    # every file it may write (checked before any work)
+    splits: tuple[str, ...]                     # the first is the default
+    curves: tuple[str, ...] | Callable[..., tuple] = ()   # history.csv metrics in training_curves.png (or cfg -> them)
+    description: str = ""
+
+    @property
+    def all_outputs(self) -> tuple[str, ...]:
+        return self.outputs + (("training_curves.png",) if self.curves else ())
+
+
+def load_run(run_dir, schema, data_dir: str | None = None):
+    """(resolved config, trained network) of a run; ``data_dir`` points it at other data."""
+    import keras   # deferred: --help and argument errors answer without TensorFlow
+
+    run_dir = pathlib.Path(run_dir)
+    for required in ("config.yaml", "model.keras"):
+        if not (run_dir / required).is_file():
+            raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
+    cfg = load_config(schema, run_dir / "config.yaml", [f"data.data_dir={data_dir}"] if data_dir else [])
+    # The network is saved uncompiled and with plain Keras layers (trainer._atomic_save_model).
+    return cfg, keras.models.load_model(run_dir / "model.keras", compile=False)
+
+
+class EvaluationWriter:
+    """What an evaluation writes into a run directory, guarded: every name it will write is checked before
+    any work (absent, or the suite's own by its mark or the run's marker, or ``force``), each file is
+    written atomically and carries the suite's mark, and the run directory's lock is held meanwhile (an
+    evaluation never interleaves with a training of the same folder).  Use as a context manager."""
+
+    def __init__(self, run_dir, tool: str, names, force: bool = False):
+        self.run_dir = pathlib.Path(run_dir)
+        self.tool = tool
+        self.force = force
+        for name in names:
+            outputs.check_replaceable(self.run_dir / name, force, "pass --force to replace it")
+        self._lock = None
+        if outputs.read_run_marker(self.run_dir) is not None:
+            self._lock = outputs.RunDirLock(self.run_dir, tool).acquire()
+
+    def __enter__(self) -> "EvaluationWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def json(self, name: str, payload: dict) -> None:
+        outputs.write_json(self.run_dir / name, payload, self.tool, self.force)
+
+    def npz(self, name: str, **arrays) -> None:
+        outputs.save_npz(self.run_dir / name, self.tool, self.force, **arrays)
+
+    def figure(self, figure, name: str, dpi: int = 110) -> None:
+        import matplotlib.pyplot as plt   # matplotlib only where a figure is written
+
+        try:
+            outputs.save_figure(figure, self.run_dir / name, self.tool, self.force, dpi=dpi)
+        finally:
+            plt.close(figure)
+
+
+def evaluate_run(evaluator: Evaluator, run_dir, split: str | None = None, data_dir: str | None = None,
+                 force: bool = False) -> dict:
+    """Evaluate the run in ``run_dir`` on ``split`` (default: the evaluator's first); the metrics written."""
+    split = split or evaluator.splits[0]
+    if split not in evaluator.splits:
+        raise UserInputError(f"--split {split}: {evaluator.tool} evaluates one of {', '.join(evaluator.splits)}")
+    cfg, model = load_run(run_dir, evaluator.schema, data_dir)
+    with EvaluationWriter(run_dir, evaluator.tool, evaluator.all_outputs, force) as writer:
+        metrics = evaluator.evaluate(writer, cfg, model, split)
+        history = writer.run_dir / "history.csv"
+        curves = evaluator.curves(cfg) if callable(evaluator.curves) else evaluator.curves
+        if curves and history.is_file():
+            from common.plots import plot_training_curves   # matplotlib only where a figure is written
+
+            writer.figure(plot_training_curves(history, metrics=curves), "training_curves.png")
+    return metrics
+
+
+def run_config_key(run_dir, key: str, default=None):
+    """A top-level key of a run's ``config.yaml`` (``task``: which of an application's evaluators)."""
+    config = pathlib.Path(run_dir) / "config.yaml"
+    return read_yaml(config).get(key, default) if config.is_file() else default
+
+
+def main(choose: Evaluator | Callable[[str], Evaluator], argv=None, prog: str | None = None,
+         description: str = "") -> int:
+    """``python -m <app>.evaluate``: ``choose`` is the evaluator, or picks it from the run directory."""
+    known = choose if isinstance(choose, Evaluator) else None
+    parser = argparse.ArgumentParser(prog=prog or f"python -m {known.tool}",
+                                     description=description or (known.description if known else ""))
+    parser.add_argument("--run-dir", required=True, help="a training run directory (holds model.keras, config.yaml)")
+    parser.add_argument("--split", help="the split to evaluate (default: "
+                        + (f"{known.splits[0]}; one of {', '.join(known.splits)})" if known else "the task's)"))
+    parser.add_argument("--data-dir", help="evaluate on another dataset of the same layout")
+    parser.add_argument("--force", action="store_true",
+                        help="replace files of the names it writes that this suite did not write"
+                             + (f" ({', '.join(known.all_outputs)})" if known else ""))
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        evaluator = known or choose(args.run_dir)
+        metrics = evaluate_run(evaluator, args.run_dir, args.split, args.data_dir, args.force)
+    for line in evaluator.report(metrics):
+        print(line)
+    print(f"wrote {pathlib.Path(args.run_dir) / 'metrics.json'}", flush=True)
+    return 0
