@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from common.config import AppConfig, DataSection, Section
+
+log = logging.getLogger(__name__)
 
 
 class SynthSection(Section):
@@ -33,11 +36,26 @@ class HepDataSection(DataSection):
     shuffle_buffer: NonNegativeInt = Field(2048, description="events in the shuffle buffer after reading")
     scale_by_maxima: bool = Field(True, description="divide each channel by its training-set maximum")
     maxima_file: str = Field("channel_maxima.json", description="written beside the data by python -m hep_cnn.maxima")
-    weight_normalisation: Literal["none", "max", "log1p"] = "max"
+    weight_normalization: Literal["none", "max", "log1p"] = Field(
+        "max", description="event weights: none, divided by the training maximum, or log1p")
     augment: bool = Field(False, description="random eta flip and phi roll (the detector is symmetric)")
     n_train: PositiveInt | None = None
     n_validation: PositiveInt | None = None
     synth: SynthSection = Field(default_factory=SynthSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, values):
+        """``weight_normalisation`` (the old spelling) still read, with a warning: one spelling, as in
+        ``climate_seg``'s ``data.normalization``."""
+        if isinstance(values, dict) and "weight_normalisation" in values:
+            if "weight_normalization" in values:
+                raise ValueError("data.weight_normalisation is the old name of data.weight_normalization: "
+                                 "give only data.weight_normalization")
+            log.warning("data.weight_normalisation is deprecated: call it data.weight_normalization")
+            values = dict(values)
+            values["weight_normalization"] = values.pop("weight_normalisation")
+        return values
 
     @model_validator(mode="after")
     def _fractions_sum_to_one(self):

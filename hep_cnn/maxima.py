@@ -5,7 +5,7 @@
 Writes ``DATA_DIR/channel_maxima.json`` (``data.maxima_file``): the maximum
 of each of the three channels and of the event weight over the training
 split; the pipeline divides each channel by its maximum and, with
-``weight_normalisation: max``, the weights by theirs.  Written atomically.
+``weight_normalization: max``, the weights by theirs.  Written atomically.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import argparse
 import sys
 
 from common.cli import exit_on_user_error
+from common.config import load_config
+from common.outputs import check_replaceable, write_json
+from hep_cnn.config import HepConfig
 
 
 def write_maxima(cfg, force: bool = False) -> dict:
     """Compute and write the maxima; a file there that this suite did not write is kept (an error)."""
-    from common.outputs import check_replaceable, write_json
-    from hep_cnn.data import compute_maxima, maxima_path
+    from hep_cnn.data import compute_maxima, maxima_path   # TensorFlow (and hep_cnn.data imports this module)
 
     path = maxima_path(cfg)
     check_replaceable(path, force, "pass --force to replace it, or set data.maxima_file to another name")
@@ -35,9 +37,7 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="replace a maxima file this suite did not write")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        from common.config import load_config
-        from hep_cnn.config import HepConfig
-        from hep_cnn.data import maxima_path
+        from hep_cnn.data import maxima_path   # TensorFlow: after the arguments parsed
 
         cfg = load_config(HepConfig, args.config, args.set)
         maxima = write_maxima(cfg, args.force)

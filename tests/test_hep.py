@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from common.config import load_config, validate
 from common.distributed import Distributed
-from common.errors import DataError
+from common.errors import ConfigError, DataError
 from common.flops import forward_flops_per_sample
 from conftest import REPO, run_python
 from hep_cnn.config import HepConfig
@@ -77,7 +77,7 @@ def write_maxima(cfg):
 
 def test_readers_scale_by_training_maxima(layout_data):
     layout, directory, events = layout_data
-    cfg = config(directory, weight_normalisation="max")   # layout: auto, told by the files
+    cfg = config(directory, weight_normalization="max")   # layout: auto, told by the files
     assert {c.layout for c in split_chunks(cfg, "train")} == {layout}
     maxima = compute_maxima(cfg)
     train_images, _, train_weights, _ = events["train"]
@@ -96,7 +96,7 @@ def test_readers_scale_by_training_maxima(layout_data):
     np.testing.assert_array_equal(pass_sr, test_pass)
 
     # Training batches carry weights normalised by the maximum when the loss is weighted.
-    cfg_weighted = config(directory, layout=layout, weight_normalisation="max")
+    cfg_weighted = config(directory, layout=layout, weight_normalization="max")
     cfg_weighted.loss.weighted = True
     datasets = build_datasets(cfg_weighted, Distributed())
     assert datasets.steps_per_epoch == 6 and datasets.validation_steps == 3
@@ -107,7 +107,7 @@ def test_readers_scale_by_training_maxima(layout_data):
 
 def test_one_channel_log1p_weights_and_sigmoid_targets(layout_data):
     layout, directory, events = layout_data
-    cfg = config(directory, layout=layout, channels=1, weight_normalisation="log1p")
+    cfg = config(directory, layout=layout, channels=1, weight_normalization="log1p")
     cfg.loss.weighted = True
     cfg.model.output = "sigmoid"
     write_maxima(cfg)
@@ -281,3 +281,12 @@ def test_two_rank_training(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["ranks"] == 2 and summary["global_batch_size"] == 32 and summary["epochs_completed"] == 2
     assert np.isfinite(summary["final"]["val_loss"])
+
+
+def test_old_weight_normalisation_spelling_is_read_with_a_warning(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="hep_cnn.config"):
+        cfg = config(tmp_path, weight_normalisation="log1p")
+    assert cfg.data.weight_normalization == "log1p"
+    assert "data.weight_normalisation is deprecated" in caplog.text
+    with pytest.raises(ConfigError, match="give only data.weight_normalization"):
+        config(tmp_path, weight_normalisation="log1p", weight_normalization="max")
