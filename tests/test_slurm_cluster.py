@@ -103,14 +103,18 @@ def test_preemption_requeue_and_exact_resume(slurm_cluster, tiny_cosmo_data, tmp
     and ends with the weights of an uninterrupted run, bitwise."""
     settings = dict(epochs=120)
     deterministic = ("--set", "train.deterministic=true")
-    reference = knl(slurm_cluster, tmp_path / "reference", tiny_cosmo_data, *deterministic, sbatch=("--time=15",),
-                    **settings)
     run = tmp_path / "run"
+    # The scripts ask for whole nodes (--exclusive): jobs on the one node run one after another, so the
+    # preempted job goes first (its 1-minute clock starts when it runs, not when it is submitted) and the
+    # uninterrupted reference runs while the requeued job waits.
     preempted = knl(slurm_cluster, run, tiny_cosmo_data, *deterministic,
                     sbatch=("--time=1", "--signal=B:USR1@45"), **settings)
+    wait_for(lambda: job(slurm_cluster, preempted).get("JobState") != "PENDING", 300, "the job to start")
     # The trainer checkpoints and exits 75, the script requeues: the job waits (BeginTime) to run again.
     requeued = wait_for(lambda: (info := job(slurm_cluster, preempted)).get("Restarts") == "1"
                         and info.get("JobState") == "PENDING" and info, 150, "the requeued job to wait again")
+    reference = knl(slurm_cluster, tmp_path / "reference", tiny_cosmo_data, *deterministic, sbatch=("--time=15",),
+                    **settings)
     assert "requeueing job" in read(f"{run}.out"), read(f"{run}.out")
     subprocess.run(["scontrol", "update", f"JobId={preempted}", "StartTime=now", "TimeLimit=15"],
                    env={**os.environ, **slurm_cluster}, check=True)
