@@ -167,15 +167,18 @@ def slurm_cluster(tmp_path_factory):
     conf = next(line.split("=", 1)[1] for line in up.stdout.splitlines() if line.startswith("SLURM_CONF="))
     # A process of another cluster's job, by its name: `down` stops this cluster's processes by pid and
     # by what they hold open in its folder, never by a pattern over the host's processes.
-    decoy = subprocess.Popen(["bash", "-c", 'exec -a "slurmstepd: [999.0]" sleep 600'])
+    # (It sleeps far longer than the cluster's tests take: killed below, it must not end by itself.)
+    decoy = subprocess.Popen(["bash", "-c", 'exec -a "slurmstepd: [999.0]" sleep 86400'])
     try:
         # Open MPI refuses to run as root unless told; the jobs inherit this environment from sbatch.
         yield {"SLURM_CONF": conf, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     finally:
+        ended_before = decoy.poll()
         subprocess.run(["bash", script, "down"], env=env, capture_output=True, timeout=120)
         decoy_survived = decoy.poll() is None
         decoy.kill()
         decoy.wait()
+        assert ended_before is None, f"the decoy job step ended before local_slurm.sh down (exit {ended_before})"
         assert decoy_survived, "local_slurm.sh down killed a job step that was not its cluster's"
         left = [b" ".join(argv).decode(errors="replace") for pid, argv in live_processes()
                 if pid != decoy.pid and (any(root.encode() in arg for arg in argv) or argv[0].startswith(b"slurmstepd"))]
