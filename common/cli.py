@@ -18,7 +18,7 @@ import pathlib
 import sys
 import traceback
 
-from common import logs, quiet
+from common import logs
 from common.config import load_config, read_yaml
 from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
                            Preempted, UserInputError)
@@ -31,15 +31,13 @@ def exit_process(code: int) -> None:
     Tearing down live tf.data iterators can deadlock (an iterator's destructor
     waits for a reader thread that needs the GIL its caller holds), which would
     turn an error or a preemption into a hang.  Everything the run writes is
-    closed or flushed before this point, and the standard-error filter has written
-    what it holds (common/quiet.py).
+    closed or flushed before this point.
     """
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    quiet.finish()
     os._exit(code)
 
 

@@ -31,7 +31,6 @@ import time
 import keras
 import tensorflow as tf
 
-from common import quiet
 from common.callbacks import last_step
 from common.errors import EXIT_HUNG, NonFiniteLoss, Preempted
 from common.preemption import StopRequest
@@ -113,7 +112,6 @@ class Watchdog:
                 print(f"error: rank {self.rank}: no progress for {idle:.0f} s in {self._phase}{what} ({key}="
                       f"{limit:g}); another rank has probably died or hung; exiting",
                       file=sys.stderr, flush=True)
-                quiet.finish(timeout=2.0)
                 os._exit(EXIT_HUNG)
 
 
