@@ -90,7 +90,7 @@ test: setup setup-jax
 
 # Benchmarks (numbers, not pass/fail): each app's demo and full-size config, and
 # 1 process x 2 threads vs 2 Horovod ranks x 1 thread.  JSON in runs/bench/.
-BENCH = $(PY) -m common.bench
+BENCH = $(PY) -m common.tools.bench
 HVD2  = PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np 2 -H localhost:2 --gloo
 bench: setup
 	@mkdir -p runs/bench

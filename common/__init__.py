@@ -2,12 +2,12 @@
 optimizers, schedules, FLOP and throughput accounting, checkpoints and the one
 training loop.  Nothing in here knows which science it is training."""
 
-from common import cpu as _cpu
-from common import quiet as _quiet
+from common.console import cpu as _cpu
+from common.console import quiet as _quiet
 
 # Both before TensorFlow is imported, which every entry point does after importing this package.
 # TensorFlow's C++ start-up chatter (oneDNN, CPU feature notices) drowns the training output of every
-# rank; errors still show, and a TF_CPP_MIN_LOG_LEVEL the user set wins (common/quiet.py).
+# rank; errors still show, and a TF_CPP_MIN_LOG_LEVEL the user set wins (common/console/quiet.py).
 _quiet.install()
-# oneDNN kernels on every x86 CPU, not only where TensorFlow enables them by default (common/cpu.py).
+# oneDNN kernels on every x86 CPU, not only where TensorFlow enables them by default (common/console/cpu.py).
 _cpu.enable_onednn()

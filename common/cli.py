@@ -18,11 +18,14 @@ import pathlib
 import sys
 import traceback
 
-from common import logs
+from common.console import logs
 from common.config import load_config, read_yaml
 from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
                            Preempted, UserInputError)
-from common.preemption import StopRequest
+from common.loop.preemption import StopRequest
+
+# Imported where used, not here: common.trainer and common.distributed (TensorFlow, Horovod), after the arguments
+# and the config are checked: --help and config errors answer without them.
 
 
 def exit_process(code: int) -> None:
@@ -153,7 +156,7 @@ def run_train(package: str, argv=None) -> int:
         except NonFiniteLoss as exc:
             if dist.is_root:
                 print(f"error: {exc}; {nonfinite_outcome(exc, output_dir)} (check the data with "
-                      "python -m common.check_data, or lower the learning rate)", file=sys.stderr, flush=True)
+                      "python -m common.tools.check_data, or lower the learning rate)", file=sys.stderr, flush=True)
             else:
                 print(f"error: rank {dist.rank}: {exc}", file=sys.stderr, flush=True)
             return EXIT_NONFINITE

@@ -20,6 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativ
                       ValidationInfo, field_validator)
 
 from common.errors import ConfigError
+from common.storage.outputs import write_text
 
 Precision = Literal["fp32", "mixed_float16", "mixed_bfloat16", "auto"]
 
@@ -120,7 +121,7 @@ class TrainSection(Section):
         0, description="1: apply step t's allreduced gradients at step t+1, so the allreduce overlaps the update")
     precise_bn_batches: NonNegativeInt = Field(
         0, description="after the last epoch: batch-norm moving statistics replaced by the average over this many "
-                       "training batches per rank run with the final weights (common/batch_norm.py), validation "
+                       "training batches per rank run with the final weights (common/nn/batch_norm.py), validation "
                        "rerun; 0: keep the moving averages")
 
 
@@ -173,7 +174,7 @@ class OptimizerSection(Section):
 
 class DistributedSection(Section):
     gradient_compression: Literal["none", "fp16"] = "none"
-    # Horovod knobs, exported by the SLURM scripts (python -m common.slurm env) before the ranks start.
+    # Horovod knobs, exported by the SLURM scripts (python -m common.tools.slurm env) before the ranks start.
     fusion_threshold_mb: PositiveFloat | None = Field(None, description="HOROVOD_FUSION_THRESHOLD (default 128 MiB)")
     cycle_time_ms: PositiveFloat | None = Field(None, description="HOROVOD_CYCLE_TIME")
     hierarchical_allreduce: bool = Field(False, description="HOROVOD_HIERARCHICAL_ALLREDUCE (intra-node, then inter)")
@@ -297,6 +298,4 @@ def config_to_dict(cfg: BaseModel) -> dict:
 
 def save_config(cfg: BaseModel, path: str | pathlib.Path, force: bool = False) -> None:
     """Write the resolved config (defaults filled in) as YAML, atomically, never over a user's file."""
-    from common.outputs import write_text
-
     write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False), force=force)

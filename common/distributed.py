@@ -12,11 +12,15 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tensorflow as tf
 
 from common.errors import UserInputError
+
+# Imported where used, not here: Horovod, only in a process that a launcher (horovodrun, mpirun, srun) started as
+# one of several ranks.
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +172,6 @@ class HorovodDistributed(Distributed):
         for the exchange until it needs the result).
         """
         if self._exchanger is None:
-            from concurrent.futures import ThreadPoolExecutor
             self._exchanger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="group-exchange")
         hvd, leaders = self._hvd, self._leaders_set
 

@@ -17,7 +17,7 @@ import dataclasses
 import pathlib
 from typing import Callable
 
-from common import outputs
+from common.storage import outputs
 from common.cli import exit_on_user_error
 from common.config import load_config, read_yaml
 from common.errors import UserInputError
@@ -105,7 +105,7 @@ def evaluate_run(evaluator: Evaluator, run_dir, split: str | None = None, data_d
         history = writer.run_dir / "history.csv"
         curves = evaluator.curves(cfg) if callable(evaluator.curves) else evaluator.curves
         if curves and history.is_file():
-            from common.plots import plot_training_curves   # matplotlib only where a figure is written
+            from common.storage.plots import plot_training_curves   # matplotlib only where a figure is written
 
             writer.figure(plot_training_curves(history, metrics=curves), "training_curves.png")
     return metrics

@@ -28,9 +28,9 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from common.callbacks import state_variables
+from common.loop.callbacks import state_variables
 from common.distributed import Distributed
-from common.reliability import StepSignals
+from common.loop.reliability import StepSignals
 
 
 class GroupExchange(keras.callbacks.Callback):

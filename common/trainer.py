@@ -21,20 +21,23 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from common import batch_norm, checkpoint, cpu, outputs, precision
 from common.application import Application, Datasets
-from common.callbacks import (EpochEndSync, EpochReport, LearningRateLog, SaveCheckpoint, Throughput, confusion_metrics,
-                              rng_variables, state_variables)
 from common.config import AppConfig, save_config
-from common.data import data_error_from_pipeline
+from common.console import cpu
 from common.distributed import Distributed
 from common.errors import NonFiniteLoss, Preempted, UserInputError
 from common.hybrid import GroupExchange
-from common.flops import FLOP_CONVENTION, TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
-from common.mlperf import MlperfCallback, MlperfLog
-from common.optimizers import build_optimizer, peak_learning_rate
-from common.reliability import StepGuard, StopRequest, Watchdog
-from common.schedules import build_schedule
+from common.loop.callbacks import (EpochEndSync, EpochReport, LearningRateLog, SaveCheckpoint, Throughput, confusion_metrics,
+                              rng_variables, state_variables)
+from common.loop.mlperf import MlperfCallback, MlperfLog
+from common.loop.reliability import StepGuard, StopRequest, Watchdog
+from common.nn import batch_norm, precision
+from common.nn.flops import FLOP_CONVENTION, TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
+from common.nn.layers import plain_keras
+from common.nn.optimizers import build_optimizer, peak_learning_rate
+from common.nn.schedules import build_schedule
+from common.storage import checkpoint, outputs
+from common.storage.data import data_error_from_pipeline
 from common.training_model import TrainingModel
 
 log = logging.getLogger(__name__)
@@ -85,8 +88,6 @@ def measure_peak_flops(cfg: AppConfig, dist: Distributed) -> float:
 
 
 def _atomic_save_model(network: keras.Model, path: pathlib.Path, force: bool = False) -> None:
-    from common.layers import plain_keras
-
     with outputs.atomic_path(path, force=force, suffix=".keras") as temporary:
         plain_keras(network).save(temporary)  # loads with Keras alone
 
@@ -239,7 +240,7 @@ def _check_external_log(output_dir: pathlib.Path, path: pathlib.Path, resume: bo
 
 
 def _resume_record(cfg: AppConfig, run: Run) -> dict:
-    """What a checkpoint records for a resume to match (:data:`common.checkpoint.RESUME_KEYS`)."""
+    """What a checkpoint records for a resume to match (:data:`common.storage.checkpoint.RESUME_KEYS`)."""
     opt = cfg.optimizer
     return {"global_batch_size": run.global_batch_size, "steps_per_epoch": run.datasets.steps_per_epoch,
             "precision": cfg.train.precision, "optimizer": opt.name + ("+larc" if opt.larc.enabled else "")}

@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from common.distributed import Distributed
-from common.reliability import StepSignals
+from common.loop.reliability import StepSignals
 
 
 class TrainingModel(keras.Model):

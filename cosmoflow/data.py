@@ -36,12 +36,12 @@ import numpy as np
 import tensorflow as tf
 
 from common.application import Datasets
-from common.data import (check_split_files, epoch_seed, list_files, reading, screen_files, select_count,
+from common.storage.data import (check_split_files, epoch_seed, list_files, reading, screen_files, select_count,
                          shards_files, shuffled_shards, stage_files, steps_for)
 from common.distributed import Distributed
 from common.errors import DataError
-from common.precision import compute_dtype
-from common.tfrecord import first_bad_file, read_records, scan_tfrecord
+from common.nn.precision import compute_dtype
+from common.storage.tfrecord import first_bad_file, read_records, scan_tfrecord
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
 
 log = logging.getLogger(__name__)
@@ -311,7 +311,7 @@ def _inspect_tfrecord(cfg: CosmoflowConfig):
         """(records, their lengths: None for GZIP files, whose walk would decompress everything)."""
         if data.compression == "gzip":
             # A full walk decompresses everything: left to the reader (which names a broken file) and
-            # common.check_data; here the header.
+            # common.tools.check_data; here the header.
             with open(path, "rb") as handle:
                 if handle.read(2) != b"\x1f\x8b":
                     raise DataError(f"{path}: not a GZIP file (data.compression is gzip)")
@@ -585,7 +585,7 @@ def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
         parsed = [parse_example(r, shape, layout) for r in raw]
         if not all(bool(sized) for _, _, sized in parsed):
             raise DataError(f"{cfg.data.data_dir}/{split}: a record holds x or y of another size than the layout's "
-                            "(python -m common.check_data names it)")
+                            "(python -m common.tools.check_data names it)")
         ys = np.stack([y.numpy() for _, y, _ in parsed])[:used]
     return targets_transform(cfg, layout)(ys).numpy()
 

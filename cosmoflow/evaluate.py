@@ -23,6 +23,8 @@ from common.cli import exit_process
 from common.evaluate import Evaluator, evaluate_run, main
 from cosmoflow.config import CosmoflowConfig
 
+# Imported where used, not here: matplotlib, only where a figure is written.
+
 
 def mean_absolute_errors(predictions: np.ndarray, targets: np.ndarray, names) -> dict[str, float]:
     return {name: float(np.mean(np.abs(predictions[:, i] - targets[:, i]))) for i, name in enumerate(names)}

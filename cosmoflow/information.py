@@ -34,22 +34,25 @@ import sys
 
 import numpy as np
 
-from cosmoflow.config import TARGET_NAMES
+from common.cli import exit_on_user_error
+from common.config import load_config
+from common.storage.outputs import write_json
+from cosmoflow.config import CosmoflowConfig, TARGET_NAMES
+from cosmoflow.mock import cosmology_for, ensure_mock_data, measure_power_spectrum, parameter_ranges, wavenumbers
+
+# Imported where used, not here: scipy and scikit-learn (seconds to import, only for the estimate) and
+# cosmoflow.data (TensorFlow), so that --help answers without them.
 
 FISHER_STEPS = {"Omega_m": 0.005, "sigma_8": 0.005, "n_s": 0.005, "H0": 0.5}
 
 
 def fiducial(mock) -> np.ndarray:
     """The centre of the configured parameter ranges (Omega_m, sigma_8, n_s, H0)."""
-    from cosmoflow.mock import parameter_ranges
-
     return np.array([(lo + hi) / 2 for lo, hi in parameter_ranges(mock)])
 
 
 def mode_counts(grid: int, box_size: float, k_max: float | None = None, n_bins: int = 64):
     """(k centres, number of Fourier modes) of an grid^3 box up to ``k_max``, counting k and -k apart."""
-    from cosmoflow.mock import wavenumbers
-
     k, _ = wavenumbers(grid, box_size)
     weight = np.full(k.shape, 2.0)   # rfft keeps one of each +-k pair, except on its first and last planes
     weight[..., 0] = 1.0
@@ -68,8 +71,6 @@ def mode_counts(grid: int, box_size: float, k_max: float | None = None, n_bins: 
 
 def linear_fisher(mock, grid: int, k_max: float | None = None, theta=None) -> np.ndarray:
     """4x4 Fisher matrix of (Omega_m, sigma_8, n_s, H0) from one grid^3 volume of the mock's initial field."""
-    from cosmoflow.mock import cosmology_for
-
     theta = fiducial(mock) if theta is None else np.asarray(theta, float)
     box = mock.box_size_mpc_h
     k, n_modes = mode_counts(grid, box, k_max)
@@ -111,8 +112,6 @@ def posterior_mean_mae(sigma: float, samples: int = 200_000, seed: int = 0) -> f
 
 def fisher_report(cfg, k_max: float | None = None, known: tuple[str, ...] = ()) -> dict:
     """Per target: the Fisher error (physical and normalised) and the MAE it allows."""
-    from cosmoflow.mock import parameter_ranges
-
     mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
     errors = marginal_errors(linear_fisher(mock, grid, k_max), known)
     out = {}
@@ -128,8 +127,6 @@ def fisher_report(cfg, k_max: float | None = None, known: tuple[str, ...] = ()) 
 
 def spectrum_features(volume: np.ndarray, box_size: float, n_bins: int = 8) -> np.ndarray:
     """log P(k) of each channel's overdensity (counts / mean - 1) in ``n_bins`` linear k bins."""
-    from cosmoflow.mock import measure_power_spectrum
-
     features = []
     for channel in range(volume.shape[-1]):
         counts = np.asarray(volume[..., channel], np.float64)
@@ -174,11 +171,6 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
 
-    from common.cli import exit_on_user_error
-    from common.config import load_config
-    from common.outputs import write_json
-    from cosmoflow.config import CosmoflowConfig
-
     with exit_on_user_error():
         cfg = load_config(CosmoflowConfig, args.config, args.set)
         mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
@@ -191,8 +183,6 @@ def main(argv=None) -> int:
                   f"best MAE {row['best_mae']:.3f} (training mean: 0.5)")
         if not args.fisher_only:
             if cfg.data.mock.generate_if_missing:
-                from cosmoflow.mock import ensure_mock_data
-
                 ensure_mock_data(cfg)
             train_x, train_y = split_features(cfg, "train", args.bins)
             valid_x, valid_y = split_features(cfg, "validation", args.bins)

@@ -16,7 +16,7 @@ Output layout: ``DIR/train/`` and ``DIR/validation/``, one TFRecord file per
 sample (MLPerf layout: ``x`` int16 bytes, ``y`` float32[4]), or HDF5 files with
 ``full`` (counts, channels last) and ``unitPar``.  ``DIR`` must be absent or
 empty; it appears only when complete (written to a new folder beside it and
-renamed, :func:`common.outputs.generated_folder`).
+renamed, :func:`common.storage.outputs.generated_folder`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ import numpy as np
 
 from common.cli import exit_on_user_error
 from common.config import load_config
-from common.outputs import generated_folder, mark_hdf5
-from common.progress import Progress
+from common.storage.outputs import generated_folder, mark_hdf5
+from common.console.progress import Progress
 from common.errors import ConfigError
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig, MockSection
+
+# Imported where used, not here: colossus (1.1 s to import; only for a power spectrum), TensorFlow (only to write
+# TFRecords), h5py (only for the HDF5 layout).
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import keras
 from keras import layers
 
 from common.errors import ConfigError
-from common.layers import ByteDropout, FusedBatchNormalization
-from common.precision import compute_dtype
+from common.nn.layers import ByteDropout, FusedBatchNormalization
+from common.nn.precision import compute_dtype
 from cosmoflow.config import CosmoflowConfig
 
 

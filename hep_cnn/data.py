@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.application import Datasets
-from common.data import check_quietly, epoch_seed, list_files, reading, screen_files, select_count, steps_for
+from common.storage.data import check_quietly, epoch_seed, list_files, reading, screen_files, select_count, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 from hep_cnn.config import HepConfig

@@ -18,6 +18,9 @@ from common.evaluate import Evaluator, evaluate_run, main
 from hep_cnn.config import HepConfig
 from hep_cnn.metrics import physics_metrics, weighted_roc
 
+# Imported where used, not here: matplotlib (only where a figure is written) and hep_cnn.model (Keras), so that
+# --help answers without them.
+
 
 def plot_roc(fpr, tpr, metrics):
     """The weighted ROC with the cut-based point (the figure)."""

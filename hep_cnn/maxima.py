@@ -15,7 +15,7 @@ import sys
 
 from common.cli import exit_on_user_error
 from common.config import load_config
-from common.outputs import check_replaceable, write_json
+from common.storage.outputs import check_replaceable, write_json
 from hep_cnn.config import HepConfig
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from common.layers import ByteDropout
+from common.nn.layers import ByteDropout
 from hep_cnn.config import HepConfig
 
 

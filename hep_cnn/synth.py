@@ -35,8 +35,11 @@ import sys
 import h5py
 import numpy as np
 
-from common.outputs import generated_folder, mark_hdf5
-from common.progress import Progress
+from common.cli import exit_on_user_error
+from common.config import load_config
+from common.console.progress import Progress
+from common.storage.outputs import generated_folder, mark_hdf5
+from hep_cnn.config import HepConfig
 
 CUT_JET_PT = 80.0
 CUT_MIN_JETS = 5
@@ -195,10 +198,6 @@ def main(argv=None) -> int:
     parser.add_argument("--layout", choices=["all_events", "benchmark"])
     parser.add_argument("--seed", type=int)
     args = parser.parse_args(argv)
-
-    from common.cli import exit_on_user_error
-    from common.config import load_config
-    from hep_cnn.config import HepConfig
 
     with exit_on_user_error():
         cfg = load_config(HepConfig, args.config, args.set,

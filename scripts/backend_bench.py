@@ -10,7 +10,7 @@ pydantic and pyyaml.  It measures the backend's matmul peak at the run's
 precision, then times training steps on an in-memory random batch for each
 app's full-size config (CosmoFlow 128^3 x 4, HEP-224, Tiramisu and
 DeepLabv3+ at 768 x 1152 x 16) and prints samples/s, achieved FLOP/s
-(3 x the forward FLOPs of common.flops, which needs no TensorFlow) and the
+(3 x the forward FLOPs of common.nn.flops, which needs no TensorFlow) and the
 ratio to the measured peak, saying which backend (and XLA setting) ran.
 ``--tiny`` runs small shapes (the CPU test in tests/test_backends.py).
 The last line is JSON.  The mark on a GPU: about 209 CosmoFlow training
@@ -34,8 +34,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from common.config import load_config  # noqa: E402
-from common.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample  # noqa: E402
-from common.precision import compute_dtype, set_precision  # noqa: E402
+from common.nn.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample  # noqa: E402
+from common.nn.precision import compute_dtype, set_precision  # noqa: E402
 
 # app -> (config, overrides at --tiny, loss builder)
 APPS = {

@@ -29,7 +29,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from common.errors import UserInputError  # noqa: E402
-from common.outputs import check_run_dir, mark_run_dir, write_json  # noqa: E402
+from common.storage.outputs import check_run_dir, mark_run_dir, write_json  # noqa: E402
 
 CONFIGS = {"supervised": "configs/climate_seg/demo_detect_supervised.yaml",
            "semi-supervised": "configs/climate_seg/demo_detect.yaml"}

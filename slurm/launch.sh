@@ -53,9 +53,9 @@ trap 'forward TERM' TERM
 echo "launch: $MACHINE, $NODES node(s) x $RANKS_PER_NODE rank(s), $APP $CONFIG -> $RUN_DIR (log $LOG)"
 # The environment the config asks for; a failure here (a bad config: exit 2 and its one-line error) ends
 # the job at once: `eval "$(cmd)"` alone would go on under set -e.
-ENVIRONMENT=$("$PYTHON" -m common.slurm env --app "$APP" --config "$CONFIG" "${OVERRIDES[@]}") || {
+ENVIRONMENT=$("$PYTHON" -m common.tools.slurm env --app "$APP" --config "$CONFIG" "${OVERRIDES[@]}") || {
     status=$?
-    echo "launch: python -m common.slurm env failed (exit $status); not starting" >&2
+    echo "launch: python -m common.tools.slurm env failed (exit $status); not starting" >&2
     exit "$status"
 }
 eval "$ENVIRONMENT"
@@ -69,7 +69,7 @@ fi
 
 if [ -n "${STAGE_DIR:-}" ]; then
     echo "launch: staging each rank's share of the training files to $STAGE_DIR"
-    "${SRUN[@]}" "$PYTHON" -m common.slurm stage --app "$APP" --config "$CONFIG" \
+    "${SRUN[@]}" "$PYTHON" -m common.tools.slurm stage --app "$APP" --config "$CONFIG" \
         "${THREAD_OVERRIDES[@]}" "${OVERRIDES[@]}" >>"$LOG" 2>&1
 fi
 

@@ -41,7 +41,7 @@ def test_flop_count_under_jax_equals_the_count_under_tensorflow(jax_report, app)
     sys.path.insert(0, str(REPO / "scripts"))
     import backend_bench
 
-    from common.flops import forward_flops_per_sample
+    from common.nn.flops import forward_flops_per_sample
 
     network, *_ = backend_bench.build(app, tiny=True, batch=None)
     row = next(r for r in jax_report["results"] if r["app"] == app)

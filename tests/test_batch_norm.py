@@ -1,4 +1,4 @@
-"""Precise batch norm (common/batch_norm.py): the re-estimated statistics against numpy."""
+"""Precise batch norm (common/nn/batch_norm.py): the re-estimated statistics against numpy."""
 
 import keras
 import numpy as np
@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import summation_tolerance
-from common.batch_norm import batch_norm_layers, reestimate
+from common.nn.batch_norm import batch_norm_layers, reestimate
 from common.distributed import Distributed
-from common.layers import FusedBatchNormalization
+from common.nn.layers import FusedBatchNormalization
 
 
 def network():

@@ -24,7 +24,7 @@ from climate_seg.segmentation.loss import WeightedPixelCrossEntropy, class_weigh
 from climate_seg.segmentation.tiramisu import build_tiramisu
 from common.distributed import Distributed
 from common.errors import DataError
-from common.metrics import ConfusionMatrix, iou_from_confusion
+from common.nn.metrics import ConfusionMatrix, iou_from_confusion
 from tests.conftest import REPO, last_json_line, run_python
 
 TINY_GRID = (64, 96)
@@ -91,7 +91,7 @@ def test_deeplab_backbone_is_resnet50_v2_and_decoders_reach_full_resolution():
 
 
 def test_logits_are_float32_under_bf16_and_dry_run_reports_full_size(tmp_path):
-    from common import precision
+    from common.nn import precision
 
     precision.set_precision("mixed_bfloat16")
     try:
@@ -506,6 +506,6 @@ def test_bad_sample_is_a_one_line_error(tiny_climate, tmp_path):
     assert result.returncode == 2
     assert f"{victim}: not a readable HDF5 file" in result.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "run").exists()
-    result = run_python(["-m", "common.check_data", "--config", "configs/climate_seg/demo_tiramisu.yaml",
+    result = run_python(["-m", "common.tools.check_data", "--config", "configs/climate_seg/demo_tiramisu.yaml",
                          *tiny_train_overrides(root, "tiramisu")], check=False)
     assert result.returncode != 0 and victim.name in result.stdout + result.stderr

@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from common import quiet
+from common.console import quiet
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRY_POINTS = ["cosmoflow.train", "hep_cnn.train", "climate_seg.train", "cosmoflow.evaluate", "hep_cnn.evaluate",
-                "climate_seg.evaluate", "common.check_data", "common.bench", "common.slurm", "common.scaling"]
+                "climate_seg.evaluate", "common.tools.check_data", "common.tools.bench", "common.tools.slurm",
+                "common.tools.scaling"]
 
 
 def _python(code: str, env_update: dict | None = None, drop=("TF_CPP_MIN_LOG_LEVEL",)):
@@ -82,7 +83,7 @@ def test_filter_keeps_everything_but_start_up_noise():
 
 
 def test_callback_order_is_checked():
-    from common.callbacks import EpochEndSync, LearningRateLog, SaveCheckpoint, Throughput
+    from common.loop.callbacks import EpochEndSync, LearningRateLog, SaveCheckpoint, Throughput
     from common.distributed import Distributed
     from common.trainer import check_callback_order
 

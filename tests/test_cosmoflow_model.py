@@ -7,7 +7,7 @@ import tensorflow as tf
 from keras import layers
 
 from common.config import load_config
-from common.layers import FusedBatchNormalization
+from common.nn.layers import FusedBatchNormalization
 from conftest import REPO, summation_tolerance
 from cosmoflow.config import CosmoflowConfig
 from cosmoflow.model import build_model

@@ -38,7 +38,7 @@ except Stop:
     pass
 seen["after_import"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
 if not stop:
-    from common.cpu import describe
+    from common.console.cpu import describe
     seen.update(describe())
 print(json.dumps(seen))
 """
@@ -56,8 +56,8 @@ def probe(module: str, stop: bool = False, **variables) -> dict:
 
 
 def test_the_entry_points_are_all_found():
-    assert {"cosmoflow.train", "cosmoflow.mock", "climate_seg.cam5.stats", "climate_seg.cam5.convert", "common.bench",
-            "common.check_data", "common.slurm", "hep_cnn.evaluate"} <= set(ENTRY_POINTS)
+    assert {"cosmoflow.train", "cosmoflow.mock", "climate_seg.cam5.stats", "climate_seg.cam5.convert", "common.tools.bench",
+            "common.tools.check_data", "common.tools.slurm", "hep_cnn.evaluate"} <= set(ENTRY_POINTS)
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
@@ -81,7 +81,7 @@ def test_the_users_setting_wins(value, on):
 
 
 def test_cpu_facts_match_lscpu():
-    facts = probe("common.cpu")
+    facts = probe("common.console.cpu")
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
     flags = set(next(line.split(":", 1)[1].split() for line in lscpu.splitlines() if line.startswith("Flags")))

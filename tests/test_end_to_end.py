@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from common import checkpoint
+from common.storage import checkpoint
 from conftest import REPO, last_json_line, run_python, tiny_cosmo_overrides
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
@@ -182,7 +182,7 @@ def test_float16_without_gpu_is_a_config_error(tiny_cosmo_data, tmp_path):
 def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
     out = tmp_path / "bench.json"
     overrides = tiny_cosmo_overrides(tiny_cosmo_data)
-    result = run_python(["-m", "common.bench", "--config", DEMO, *overrides, "--steps", "4", "--json", str(out),
+    result = run_python(["-m", "common.tools.bench", "--config", DEMO, *overrides, "--steps", "4", "--json", str(out),
                          "--profile", str(tmp_path / "trace")])
     report = json.loads(out.read_text())
     assert report["peak_flops"] > 1e9 and report["precision"] == "fp32"
@@ -209,7 +209,7 @@ def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
 
 
 def test_precision_auto_follows_the_cpu_and_is_recorded(tiny_cosmo_data, tmp_path):
-    # Independent of common.precision's reading of /proc/cpuinfo: lscpu's flag list (the file where lscpu is
+    # Independent of common.nn.precision's reading of /proc/cpuinfo: lscpu's flag list (the file where lscpu is
     # missing).
     flags = (subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout if shutil.which("lscpu")
              else pathlib.Path("/proc/cpuinfo").read_text())

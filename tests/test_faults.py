@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common import checkpoint
+from common.storage import checkpoint
 from common.errors import DataError, NonFiniteLoss
 from conftest import REPO, python_env, run_python, tiny_cosmo_overrides
 
@@ -91,7 +91,7 @@ def test_nan_voxels_are_named_by_the_reader_fresh_resumed_and_by_check_data(tmp_
     fresh = one_error(run_python(train_args(bad, tmp_path / "fresh", "--set", "data.batch_size=2"), check=False))
     assert fresh == f"error: {victim}: 'x' holds NaN or Inf"
     assert not (tmp_path / "fresh" / "model.keras").exists()
-    checked = run_python(["-m", "common.check_data", "--config", DEMO, "--set", f"data.data_dir={bad}",
+    checked = run_python(["-m", "common.tools.check_data", "--config", DEMO, "--set", f"data.data_dir={bad}",
                           "--set", "data.sample_shape=[16, 16, 16, 4]"], check=False)
     assert checked.returncode == 2 and f"problem: {victim}: record 0: 'x' holds NaN or Inf" in checked.stdout
     # A good run resumed onto the same data: stopped by the reader, the checkpoint untouched, no model.
@@ -128,8 +128,8 @@ def test_a_nonfinite_weight_is_never_written_to_a_checkpoint(tmp_path):
 
 
 def test_nonfinite_gradients_stop_the_step_guard_even_with_a_finite_loss():
-    from common.preemption import StopRequest
-    from common.reliability import StepGuard, StepSignals
+    from common.loop.preemption import StopRequest
+    from common.loop.reliability import StepGuard, StepSignals
 
     signals = StepSignals()
     signals.global_loss.assign(0.5)
@@ -313,20 +313,20 @@ def test_bench_and_scaling_outputs_never_replace_a_users_file(tiny_cosmo_data, t
     users_json, users_png = tmp_path / "numbers.json", tmp_path / "plot.png"
     users_json.write_text('{"mine": true}\n')
     users_png.write_bytes(b"\x89PNG not the suite's")
-    bench = one_error(run_python(["-m", "common.bench", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data),
+    bench = one_error(run_python(["-m", "common.tools.bench", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data),
                                   "--steps", "2", "--json", str(users_json)], check=False))
     assert f"{users_json}: exists and was not written by this suite" in bench
-    scaling = one_error(run_python(["-m", "common.scaling", "--config", DEMO, "--system", "perlmutter",
+    scaling = one_error(run_python(["-m", "common.tools.scaling", "--config", DEMO, "--system", "perlmutter",
                                     "--nodes", "1,2", "--png", str(users_png)], check=False))
     assert f"{users_png}: exists and was not written by this suite" in scaling
     assert users_json.read_text() == '{"mine": true}\n' and users_png.read_bytes() == b"\x89PNG not the suite's"
     # A figure the suite wrote carries its mark and is replaced without --force.
     ours = tmp_path / "ours.png"
     for _ in range(2):
-        run_python(["-m", "common.scaling", "--config", DEMO, "--system", "perlmutter", "--nodes", "1,2",
+        run_python(["-m", "common.tools.scaling", "--config", DEMO, "--system", "perlmutter", "--nodes", "1,2",
                     "--png", str(ours)])
     from PIL import Image
-    assert Image.open(ours).text["written_by"] == "hpc-dl-suite common.scaling"
+    assert Image.open(ours).text["written_by"] == "hpc-dl-suite common.tools.scaling"
 
 
 def test_modes_follow_the_umask(tiny_cosmo_data, tmp_path):
@@ -349,7 +349,7 @@ def test_modes_follow_the_umask(tiny_cosmo_data, tmp_path):
 
 
 def test_staging_recopies_a_source_that_changed(tmp_path):
-    from common.data import stage_files
+    from common.storage.data import stage_files
     from common.distributed import Distributed
 
     first = tmp_path / "first"
@@ -451,7 +451,7 @@ def test_hep_short_weights_and_a_corrupt_chunk_are_named(tmp_path):
         handle.write(b"\xff" * 64)
     message = one_error(run_python(args, check=False))
     assert message.startswith(f"error: {victim}: events ") and "cannot be read" in message
-    checked = run_python(["-m", "common.check_data", "--config", "configs/hep_cnn/demo.yaml",
+    checked = run_python(["-m", "common.tools.check_data", "--config", "configs/hep_cnn/demo.yaml",
                           "--set", f"data.data_dir={data}", "--set", "data.image_size=16"], check=False)
     assert checked.returncode == 2 and "Traceback" not in checked.stderr, checked.stderr[-2000:]
     assert f"problem: {victim}: events " in checked.stdout
@@ -517,7 +517,7 @@ def test_unreadable_data_and_unwritable_or_impossible_output_folders(tiny_cosmo_
 
 WATCHDOG = """
 import sys, time
-from common.reliability import Watchdog
+from common.loop.reliability import Watchdog
 dog = Watchdog(timeout_s=0.6, rank=0, poll_s=0.05, startup_timeout_s=float(sys.argv[1]), save_timeout_s=3.0)
 for step in sys.argv[2:]:
     phase, seconds = step.split(":")

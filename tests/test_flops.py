@@ -8,8 +8,8 @@ from keras import layers
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from common.config import load_config
-from common.layers import DilatedConv2D
-from common.flops import forward_flops_per_sample, layer_multiply_adds
+from common.nn.layers import DilatedConv2D
+from common.nn.flops import forward_flops_per_sample, layer_multiply_adds
 from conftest import REPO
 
 
@@ -62,9 +62,9 @@ def test_counter_matches_tf_profiler(name, monkeypatch):
         # The native dilated kernel's count, the maths the counter counts: that forward kernel exists with
         # either kernel set (Eigen lacks only its gradient, for which the layer takes Keras's
         # space-to-batch path, which also convolves the padding it adds).
-        import common.layers
+        import common.nn.layers
 
-        monkeypatch.setattr(common.layers, "native_dilated_conv_trains", lambda: True)
+        monkeypatch.setattr(common.nn.layers, "native_dilated_conv_trains", lambda: True)
     model = CASES[name]()
     ours = forward_flops_per_sample(model)
     profiled = profiler_flops(model)

@@ -12,7 +12,7 @@ import tensorflow as tf
 from common.config import load_config, validate
 from common.distributed import Distributed
 from common.errors import ConfigError, DataError
-from common.flops import forward_flops_per_sample
+from common.nn.flops import forward_flops_per_sample
 from conftest import REPO, run_python
 from hep_cnn.config import HepConfig
 from hep_cnn.data import build_datasets, compute_maxima, evaluation_events, split_chunks

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import kernel_tolerance, summation_tolerance
-from common.layers import (ByteDropout, DilatedConv2D, FusedBatchNormalization, native_dilated_conv_trains,
+from common.nn.layers import (ByteDropout, DilatedConv2D, FusedBatchNormalization, native_dilated_conv_trains,
                            plain_keras)
 
 

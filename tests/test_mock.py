@@ -85,7 +85,7 @@ def test_parallel_generation_writes_the_serial_files(tmp_path):
 def test_progress_off_a_terminal_is_a_few_lines(tmp_path):
     import io
 
-    from common.progress import Progress
+    from common.console.progress import Progress
 
     stream = io.StringIO()  # not a TTY, like a CI log or a SLURM output file
     with Progress(640, "mock train", "samples", stream=stream) as bar:

@@ -1,11 +1,11 @@
-"""LARS and LARC against a numpy reference of the formulas in common/optimizers.py."""
+"""LARS and LARC against a numpy reference of the formulas in common/nn/optimizers.py."""
 
 import keras
 import numpy as np
 import pytest
 
 from common.config import OptimizerSection
-from common.optimizers import LARC, LARS, build_optimizer
+from common.nn.optimizers import LARC, LARS, build_optimizer
 
 RNG = np.random.default_rng(3)
 W0 = {"kernel": RNG.standard_normal((5, 3)).astype(np.float32),

@@ -129,7 +129,7 @@ def test_staging_refuses_a_folder_of_other_files(tiny_cosmo_data, tmp_path):
     stage = tmp_path / "stage"
     (stage / "rank-0").mkdir(parents=True)
     (stage / "rank-0" / "scratch.bin").write_bytes(FOREIGN)
-    error = refused(["-m", "common.slurm", "stage", "--config", "configs/cosmoflow/demo.yaml",
+    error = refused(["-m", "common.tools.slurm", "stage", "--config", "configs/cosmoflow/demo.yaml",
                      *tiny_cosmo_overrides(tiny_cosmo_data), "--set", f"data.stage_dir={stage}"], tmp_path)
     assert "did not stage" in error and "scratch.bin" in error
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from common.errors import ConfigError
-from common.scaling import (SYSTEMS_DIR, System, Workload, allreduce_time, communication_time, load_system,
+from common.tools.scaling import (SYSTEMS_DIR, System, Workload, allreduce_time, communication_time, load_system,
                             project, published_points)
 from tests.conftest import run_python
 
@@ -74,7 +74,7 @@ def test_every_system_file_loads_and_cites_its_figures():
 
 def test_cli_json_contract_and_png(tmp_path):
     png = tmp_path / "scaling.png"
-    result = run_python(["-m", "common.scaling", "--config", "configs/climate_seg/gordon_bell_tiramisu.yaml",
+    result = run_python(["-m", "common.tools.scaling", "--config", "configs/climate_seg/gordon_bell_tiramisu.yaml",
                          "--system", "summit", "--nodes", "1,2,16,128,1024", "--json", "--png", str(png)])
     rows = json.loads(result.stdout.strip().splitlines()[-1])
     assert [r["nodes"] for r in rows] == [1, 2, 16, 128, 1024]
@@ -84,7 +84,7 @@ def test_cli_json_contract_and_png(tmp_path):
     assert rows[0]["efficiency"] == pytest.approx(1.0)
     assert all(a["efficiency"] >= b["efficiency"] for a, b in zip(rows, rows[1:]))
     assert png.stat().st_size > 5000
-    bad = run_python(["-m", "common.scaling", "--config", "configs/cosmoflow/demo.yaml", "--system", "nowhere"],
+    bad = run_python(["-m", "common.tools.scaling", "--config", "configs/cosmoflow/demo.yaml", "--system", "nowhere"],
                      check=False)
     assert bad.returncode == 2 and "nowhere: unknown; known systems: cori-knl" in bad.stderr
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from common.config import ScheduleSection
-from common.optimizers import peak_learning_rate
-from common.schedules import WarmupDecay, build_schedule
+from common.nn.optimizers import peak_learning_rate
+from common.nn.schedules import WarmupDecay, build_schedule
 
 
 def values(schedule, steps):

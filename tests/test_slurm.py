@@ -105,7 +105,7 @@ def test_environment_and_staging(stub_env, tmp_path):
                         "--set", "distributed.cycle_time_ms=2", "--set", "distributed.hierarchical_allreduce=true")
     assert result.returncode == 0, result.stderr
     stage, train = calls(log)
-    assert "-m common.slurm stage --app cosmoflow --config configs/cosmoflow/knl.yaml" in stage
+    assert "-m common.tools.slurm stage --app cosmoflow --config configs/cosmoflow/knl.yaml" in stage
     assert "--ntasks 6 --ntasks-per-node 2 --cpus-per-task 136" in train
     assert "train.intra_op_threads=32 --set train.inter_op_threads=2" in train
     assert "HDF5=FALSE CYCLE=2 HIER=1 OMP=32" in train
@@ -143,7 +143,7 @@ def test_usage_error(stub_env):
 
 
 def test_a_bad_config_stops_the_job_before_any_srun(stub_env, tmp_path):
-    """`eval "$(python -m common.slurm env ...)"` would go on under set -e; the launcher must stop there."""
+    """`eval "$(python -m common.tools.slurm env ...)"` would go on under set -e; the launcher must stop there."""
     env, log = stub_env
     result = run_script("slurm/knl.sbatch", env, "cosmoflow", "configs/cosmoflow/demo.yaml",
                         "--set", "data.batch_size=many")

@@ -32,7 +32,7 @@ import numpy as np
 from climate_seg.cam5.config import CHANNELS, CLASS_NAMES
 from common.cli import exit_on_user_error
 from common.errors import DataError
-from common.outputs import atomic_path, check_replaceable, folder_summary, mark_hdf5, written_by_suite
+from common.storage.outputs import atomic_path, check_replaceable, folder_summary, mark_hdf5, written_by_suite
 
 DEFAULT_LABELS_VAR = "LABELS"
 

@@ -9,10 +9,10 @@ import pathlib
 import numpy as np
 
 from climate_seg.cam5.stats import compute_stats, locate_stats, write_stats
-from common.data import list_files, screen_files
+from common.storage.data import list_files, screen_files
 from common.distributed import Distributed
 from common.errors import ConfigError
-from common.outputs import generated_folder
+from common.storage.outputs import generated_folder
 
 log = logging.getLogger(__name__)
 

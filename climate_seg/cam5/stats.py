@@ -32,8 +32,12 @@ import numpy as np
 
 from climate_seg.cam5.config import CHANNELS, CLASS_NAMES
 from common.cli import exit_on_user_error, exit_process
+from common.console import logs
 from common.errors import DataError
-from common.outputs import atomic_path, check_replaceable, mark_hdf5
+from common.storage.outputs import atomic_path, check_replaceable, mark_hdf5, write_json
+
+# Imported where used, not here: common.distributed and common.storage.data (TensorFlow), only in the command: the
+# readers here stay TensorFlow-free.
 
 N_CHANNELS = len(CHANNELS)
 
@@ -262,8 +266,6 @@ def class_counts_path(stats_path) -> pathlib.Path:
 
 def write_class_counts(path, files: list[str]) -> np.ndarray:
     """Label counts over ``files`` into a JSON file of this suite's (never over another's); the frequencies."""
-    from common.outputs import write_json
-
     counts = np.zeros(len(CLASS_NAMES), np.int64)
     for sample in files:
         _, labels = read_sample(sample)
@@ -294,8 +296,8 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing file this suite did not write")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        from common import distributed, logs
-        from common.data import list_files
+        from common import distributed
+        from common.storage.data import list_files
 
         files = list_files(args.directory, ("*.h5",), "climate sample")
         out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory).resolve().parent / "stats.h5"

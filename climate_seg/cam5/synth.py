@@ -31,12 +31,15 @@ import argparse
 import pathlib
 import sys
 
+import h5py
 import netCDF4
 import numpy as np
 
 from climate_seg.cam5.config import CHANNELS, SynthSection
-from common.outputs import atomic_path, generated_folder, mark_hdf5
-from common.progress import Progress
+from climate_seg.detection.config import BOX_COLUMNS, FILE_BOX_COLUMNS
+from common.cli import exit_on_user_error
+from common.console.progress import Progress
+from common.storage.outputs import atomic_path, generated_folder, mark_hdf5
 
 UNITS = {"TMQ": "kg/m2", "U850": "m/s", "V850": "m/s", "UBOT": "m/s", "VBOT": "m/s", "QREFHT": "kg/kg",
          "PS": "Pa", "PSL": "Pa", "T200": "K", "T500": "K", "PRECT": "m/s", "TS": "K", "TREFHT": "K",
@@ -291,7 +294,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     synth = SynthSection(grid=tuple(args.grid), n_train=args.n_train, n_validation=args.n_validation,
                          n_test=args.n_test, steps_per_file=args.steps_per_file, seed=args.seed)
-    from common.cli import exit_on_user_error
 
     with exit_on_user_error():
         written = generate_dataset(args.out, synth, progress=sys.stderr.isatty())
@@ -353,10 +355,6 @@ def write_extremeweather(path, images: np.ndarray, boxes: np.ndarray, labeled: n
     (N, 15, 5) padded with -1, ``labeled`` (N,); written atomically.  ``boxes`` come as [ymin, xmin, ymax,
     xmax, class] and are stored in the ExtremeWeather writer's column order [row min, row max, column min,
     column max, class]."""
-    import h5py
-
-    from climate_seg.detection.config import BOX_COLUMNS, FILE_BOX_COLUMNS
-
     stored = np.asarray(boxes, np.float32)[..., [BOX_COLUMNS.index(name) for name in FILE_BOX_COLUMNS]]
     with atomic_path(pathlib.Path(path)) as temporary, h5py.File(temporary, "w") as f:
         mark_hdf5(f, "climate_seg.cam5.synth")

@@ -35,7 +35,7 @@ from climate_seg.cam5.stats import load_stats
 from climate_seg.cam5.data import SPLITS, normalizer, prepare, screened_split, stats_path
 from climate_seg.cam5.synth import generate_detection_dataset
 from common.application import Datasets
-from common.data import check_split_files, epoch_seed, reading, steps_for
+from common.storage.data import check_split_files, epoch_seed, reading, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 

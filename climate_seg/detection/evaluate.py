@@ -17,6 +17,9 @@ import numpy as np
 from climate_seg.detection.config import DetectConfig
 from common.evaluate import Evaluator
 
+# Imported where used, not here: matplotlib (only where a figure is written) and climate_seg.detection.boxes
+# (TensorFlow), so that --help answers without them.
+
 IOU_THRESHOLDS = (0.1, 0.5)
 PLOTTED_SAMPLES = 3
 COLORS = ("tab:green", "tab:red", "tab:purple", "tab:orange")

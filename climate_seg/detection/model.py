@@ -28,7 +28,7 @@ from keras import layers
 
 from climate_seg.detection.boxes import DETECTION_CLASSES
 from climate_seg.detection.config import DetectConfig
-from common.layers import FusedBatchNormalization
+from common.nn.layers import FusedBatchNormalization
 
 
 def build_detector(cfg: DetectConfig) -> keras.Model:

@@ -36,7 +36,7 @@ from climate_seg.cam5.data import SPLITS, normalizer, prepare, screened_split, s
 from climate_seg.cam5.stats import class_counts_path, load_stats, read_sample, sample_layout, write_class_counts
 from climate_seg.cam5.synth import generate_dataset
 from common.application import Datasets
-from common.data import check_split_files, epoch_seed, select_count, shards_files, stage_files, steps_for
+from common.storage.data import check_split_files, epoch_seed, select_count, shards_files, stage_files, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
 

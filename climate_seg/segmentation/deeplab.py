@@ -35,7 +35,7 @@ import keras
 from keras import layers
 
 from climate_seg.segmentation.config import DeeplabSection
-from common.layers import ByteDropout, DilatedConv2D, FusedBatchNormalization
+from common.nn.layers import ByteDropout, DilatedConv2D, FusedBatchNormalization
 
 STEM_STRIDE = 4
 

@@ -20,6 +20,9 @@ from climate_seg.cam5.config import CLASS_NAMES
 from climate_seg.segmentation.config import ClimateConfig
 from common.evaluate import Evaluator
 
+# Imported where used, not here: matplotlib (only where a figure is written) and common.nn.metrics (Keras), so
+# that --help answers without them.
+
 PLOTTED_SAMPLES = 3
 
 
@@ -53,7 +56,7 @@ def plot_masks(fields, truth, predicted, names, tmq_channel: int = 0):
 def _evaluate(writer, cfg, model, split: str) -> dict:
     """IoU over every pixel of ``split``; writes metrics.json and masks.png through ``writer``."""
     from climate_seg.segmentation.data import evaluation_dataset   # TensorFlow: after the arguments parsed
-    from common.metrics import iou_from_confusion
+    from common.nn.metrics import iou_from_confusion
 
     n = len(CLASS_NAMES)
     confusion = np.zeros((n, n), np.int64)

@@ -8,9 +8,10 @@ import numpy as np
 from keras import ops
 
 from climate_seg.cam5.config import CLASS_NAMES
+from climate_seg.cam5.stats import load_class_frequencies, load_stats
 from climate_seg.segmentation.config import ClimateConfig
 from common.errors import DataError
-from common.metrics import ConfusionMatrix
+from common.nn.metrics import ConfusionMatrix
 
 
 def build_loss(cfg: ClimateConfig) -> keras.losses.Loss:
@@ -25,7 +26,6 @@ def class_weights(cfg: ClimateConfig, stats: dict | None = None) -> np.ndarray:
     """
     # Read here, not at import: the loss itself runs on any Keras backend, without TensorFlow.
     from climate_seg.cam5.data import stats_path
-    from climate_seg.cam5.stats import load_class_frequencies, load_stats
 
     spec = cfg.loss.class_weights
     if isinstance(spec, list):

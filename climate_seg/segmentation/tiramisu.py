@@ -22,7 +22,7 @@ import keras
 from keras import layers
 
 from climate_seg.segmentation.config import TiramisuSection
-from common.layers import ByteDropout, FusedBatchNormalization
+from common.nn.layers import ByteDropout, FusedBatchNormalization
 
 
 class _Builder:

@@ -16,7 +16,8 @@ import common  # noqa: F401  (before TensorFlow)
 import keras
 import numpy as np
 
-from common import distributed, precision
+from common import distributed
+from common.nn import precision
 from common.training_model import TrainingModel
 
 GLOBAL_BATCH = 8

@@ -16,8 +16,8 @@ import keras
 import numpy as np
 
 from common import distributed
-from common.callbacks import EpochEndSync
-from common.metrics import ConfusionMatrix
+from common.loop.callbacks import EpochEndSync
+from common.nn.metrics import ConfusionMatrix
 
 dist = distributed.init()
 rng = np.random.default_rng(100 + dist.rank)

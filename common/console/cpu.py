@@ -20,6 +20,9 @@ import functools
 import os
 import platform
 
+# Imported where used, not here: TensorFlow, only when a function asks it: this module runs before TensorFlow is
+# imported.
+
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 # Set beside ONEDNN_VARIABLE when the suite (not the user) chose it, so child processes can tell.
 _SET_BY_SUITE = "HPC_DL_SUITE_SET_ONEDNN"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 import time
 
+from tqdm import tqdm
+
 
 class Progress:
     """``with Progress(total, "mock train") as bar: ... bar.update(n)``; to stderr."""
@@ -23,8 +25,6 @@ class Progress:
         self._next_report = 0.25
         self._started = time.perf_counter()
         if self.enabled and self.stream.isatty():
-            from tqdm import tqdm
-
             self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream)
 
     def update(self, count: int = 1) -> None:

@@ -4,7 +4,7 @@ A record is: uint64 length, uint32 masked CRC-32C of the length, the data,
 uint32 masked CRC-32C of the data.  :func:`scan_tfrecord` walks the length
 headers (12 bytes per record plus a seek), so a truncated file or a corrupt
 header is found at start-up for the price of one small read per record;
-``verify_data=True`` also checks every data CRC (what ``common.check_data``
+``verify_data=True`` also checks every data CRC (what ``common.tools.check_data``
 does, with google-crc32c's C implementation).  GZIP files are decompressed as a
 stream for the same walk.
 """

@@ -3,7 +3,7 @@
 IoU must be computed from the confusion matrix summed over every batch and
 every rank, then divided once; averaging per-batch or per-rank IoUs (which one
 SC18 reference did) weights small batches and empty classes wrongly.  The
-metric keeps that matrix as its state; :class:`common.callbacks.EpochEndSync`
+metric keeps that matrix as its state; :class:`common.loop.callbacks.EpochEndSync`
 sums it over ranks at the end of each epoch and writes the pooled numbers.
 """
 

@@ -37,7 +37,7 @@ import zipfile
 import numpy as np
 
 from common.errors import NonFiniteLoss, UserInputError
-from common.outputs import honour_umask
+from common.storage.outputs import honour_umask
 
 log = logging.getLogger(__name__)
 

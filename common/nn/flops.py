@@ -24,6 +24,9 @@ import time
 import keras
 import numpy as np
 
+# Imported where used, not here: TensorFlow, only on Keras's TensorFlow backend: the models also build and train
+# on the JAX backend, where it is absent.
+
 FLOP_CONVENTION = "2 FLOP per multiply-add; bias, activation, pooling not counted; training step = 3 x forward"
 TRAINING_FLOPS_FACTOR = 3
 
@@ -66,7 +69,7 @@ def layer_multiply_adds(layer, input_shape, output_shape, inside_only: bool = Fa
     """Multiply-adds of one call of ``layer`` per sample (0 for layers we do not count).
 
     ``inside_only``: count only the kernel taps of "same" padding that land inside the input."""
-    # A subclass (e.g. common.layers.DilatedConv2D) counts as the Keras layer it extends.
+    # A subclass (e.g. common.nn.layers.DilatedConv2D) counts as the Keras layer it extends.
     kind = next((cls.__name__ for cls in type(layer).__mro__ if cls.__name__ in _COUNTED), type(layer).__name__)
     data_format = getattr(layer, "data_format", "channels_last")
     if kind in ("Conv1D", "Conv2D", "Conv3D"):

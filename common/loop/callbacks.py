@@ -9,11 +9,11 @@ import time
 import keras
 import numpy as np
 
-from common import checkpoint
+from common.storage import checkpoint
 from common.distributed import SEED_STATE_MARKER, Distributed
 from common.errors import NonFiniteLoss
-from common.flops import TRAINING_FLOPS_FACTOR
-from common.metrics import ConfusionMatrix, iou_from_confusion
+from common.nn.flops import TRAINING_FLOPS_FACTOR
+from common.nn.metrics import ConfusionMatrix, iou_from_confusion
 
 log = logging.getLogger(__name__)
 

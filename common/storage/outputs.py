@@ -38,6 +38,9 @@ import tempfile
 
 from common.errors import DataError, UserInputError
 
+# Imported where used, not here: h5py, Pillow and numpy, only to mark or write such a file: the TensorFlow-free
+# command line (--help, config checks) imports this module.
+
 SUITE = "hpc-dl-suite"
 WRITTEN_BY = "written_by"
 RUN_MARKER = ".hpc-dl-suite-run"

@@ -1,8 +1,8 @@
 """Benchmark harness: where the time of a training step goes, measured in one process.
 
-    python -m common.bench --config configs/cosmoflow/demo.yaml [--set k=v] [--batch-size N]
-                           [--steps N] [--precision P] [--json FILE] [--app NAME]
-    horovodrun -np 2 ... python -m common.bench --config ...     # global rates over the ranks
+    python -m common.tools.bench --config configs/cosmoflow/demo.yaml [--set k=v] [--batch-size N]
+                                 [--steps N] [--precision P] [--json FILE] [--app NAME]
+    horovodrun -np 2 ... python -m common.tools.bench --config ...     # global rates over the ranks
 
 Four measurements, each after warm-up steps:
 
@@ -30,26 +30,30 @@ the climate networks were found.
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
 import json
 import pathlib
 import time
 
-from common import logs
 from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
+from common.console import cpu, logs
+from common.storage import outputs
+
+# Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
+# config errors answer without it.
 
 
 def device_has_bf16() -> bool:
     import tensorflow as tf
 
-    from common.cpu import has_bf16_units
-
-    return bool(tf.config.list_physical_devices("GPU")) or has_bf16_units()
+    return bool(tf.config.list_physical_devices("GPU")) or cpu.has_bf16_units()
 
 
 def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> float:
     """Global samples/s of ``steps`` training steps after ``warmup`` (the trainer's own timer)."""
-    from common.callbacks import Throughput
+    from common.loop.callbacks import Throughput
 
     timer = Throughput(global_batch, 0.0, None, warmup_steps=warmup)
     history = model.fit(dataset, epochs=1, steps_per_epoch=warmup + steps, callbacks=[timer], verbose=0,
@@ -59,9 +63,6 @@ def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> fl
 
 def op_profile(model, dataset, steps: int, logdir: str, top: int = 12) -> dict:
     """Self time of ``steps`` training steps by op type and by op, from a TensorFlow profiler trace."""
-    import collections
-    import glob
-
     import tensorflow as tf
     from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
 
@@ -106,9 +107,8 @@ def profile_table(profile: dict) -> str:
 def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | None = None) -> dict:
     import tensorflow as tf
 
-    from common import cpu
-    from common.callbacks import state_variables
-    from common.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
+    from common.loop.callbacks import state_variables
+    from common.nn.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
     from common.trainer import prepare_data, prepare_run
 
     # The trainer's own set-up: the same precision decision, data, network, schedule and optimizer.
@@ -163,8 +163,6 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
 
 
 def table(result: dict) -> str:
-    from common.cpu import one_line
-
     gf = lambda x: f"{x / 1e9:.1f}" if x else "-"  # noqa: E731
     c, i, e = result["compute"], result["input"], result["end_to_end"]
     ratio = f"{c['ratio_to_peak']:.2f}" if c["ratio_to_peak"] else "-"
@@ -174,7 +172,7 @@ def table(result: dict) -> str:
     return "\n".join([
         f"{result['app']}: {result['ranks']} rank(s), batch {result['batch_size']}/rank, {result['precision']}, "
         f"{result['forward_flops_per_sample'] / 1e9:.3f} GFLOP forward/sample (training = 3x)",
-        f"  cpu              {one_line(result['cpu'])}",
+        f"  cpu              {cpu.one_line(result['cpu'])}",
         f"  peak matmul      fp32 {gf(result['peak_flops'])} GFLOP/s, bf16 {gf(result['peak_flops_bf16'])} GFLOP/s",
         f"  compute          {c['samples_per_second']:9.2f} samples/s  {gf(c['flops_per_second'])} GFLOP/s  "
         f"ratio to peak {ratio}",
@@ -184,7 +182,7 @@ def table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m common.tools.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the app config to benchmark")
     parser.add_argument("--compare", nargs=2, metavar=("ONE.json", "OTHER.json"),
                         help="print the end-to-end rate of OTHER relative to ONE (e.g. 2 ranks vs 1 process)")
@@ -206,7 +204,7 @@ def main(argv=None) -> int:
     if not args.config:
         parser.error("--config is required")
     with exit_on_user_error():
-        from common import distributed, outputs
+        from common import distributed
 
         if args.json:   # refused before the benchmark runs, not after
             outputs.check_replaceable(args.json, args.force)
@@ -227,7 +225,7 @@ def main(argv=None) -> int:
         print(table(result), flush=True)
         if args.json:
             with exit_on_user_error():
-                outputs.write_json(args.json, result, "common.bench", args.force)
+                outputs.write_json(args.json, result, "common.tools.bench", args.force)
     # No rank leaves while another still talks to it (a "connection reset" from Horovod's loop otherwise).
     dist.barrier()
     return 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from common.layers import all_layers
+from common.nn.layers import all_layers
 
 
 def batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:

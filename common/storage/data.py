@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from common.distributed import Distributed
 from common.errors import DataError
-from common.outputs import atomic_path, write_json
+from common.storage.outputs import atomic_path, write_json
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def screen_files(files: list[str], inspect: Callable[[str], int], dist: Distribu
     merged.update(verdicts([f for f in files if f not in merged]))
     problems = [merged[f][1] for f in files if merged[f][1]]
     if problems and on_bad_file == "fail":
-        others = f" (and {len(problems) - 1} more bad files: python -m common.check_data lists them, " \
+        others = f" (and {len(problems) - 1} more bad files: python -m common.tools.check_data lists them, " \
                  "data.on_bad_file: skip leaves them out)" if len(problems) > 1 else ""
         raise DataError(problems[0] + others)
     if problems and dist.is_root:
@@ -254,7 +254,7 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed) -> list[str
     fresh = {name for name in names if not current(name)}
     # Listed before copied (a killed copy leaves a listed, unfinished name, which the next run re-copies).
     staged.update({name: {**identities[name], "crc32c": None} for name in fresh})
-    write_json(manifest_path, {"files": staged}, "common.data staging", force=True)
+    write_json(manifest_path, {"files": staged}, "common.storage.data staging", force=True)
 
     def copy(source: str) -> tuple[str, str, int | None]:
         name = pathlib.Path(source).name
@@ -271,6 +271,6 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed) -> list[str
         if crc is not None:
             staged[name]["crc32c"] = crc
     if fresh:
-        write_json(manifest_path, {"files": staged}, "common.data staging", force=True)
+        write_json(manifest_path, {"files": staged}, "common.storage.data staging", force=True)
         log.info(f"staged {len(fresh)} of {len(mine)} file(s) to {target}; {len(mine) - len(fresh)} reused")
     return [path for _, path, _ in done]

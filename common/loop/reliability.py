@@ -1,6 +1,6 @@
 """Surviving long runs: preemption signals, NaN/Inf losses and dead ranks.
 
-- :class:`common.preemption.StopRequest` turns SIGTERM/SIGUSR1 (SLURM's warning signal) into a
+- :class:`common.loop.preemption.StopRequest` turns SIGTERM/SIGUSR1 (SLURM's warning signal) into a
   flag.  The flag travels in the allreduce of every training step
   (``TrainingModel.train_step``), so all ranks learn of a stop requested on
   any of them within one step, and stop at the same step boundary.
@@ -31,9 +31,9 @@ import time
 import keras
 import tensorflow as tf
 
-from common.callbacks import last_step
+from common.loop.callbacks import last_step
 from common.errors import EXIT_HUNG, NonFiniteLoss, Preempted
-from common.preemption import StopRequest
+from common.loop.preemption import StopRequest
 
 
 class StepSignals:

@@ -27,6 +27,11 @@ import functools
 
 import keras
 
+from common.console.cpu import onednn_enabled
+
+# Imported where used, not here: TensorFlow, only on Keras's TensorFlow backend: the models also build and train
+# on the JAX backend, where it is absent.
+
 
 @keras.saving.register_keras_serializable(package="common")
 class DilatedConv2D(keras.layers.Conv2D):
@@ -49,8 +54,6 @@ def native_dilated_conv_trains() -> bool:
     if keras.backend.backend() != "tensorflow":
         return False
     import tensorflow as tf
-
-    from common.cpu import onednn_enabled
 
     return onednn_enabled() or bool(tf.config.list_physical_devices("GPU"))
 

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import keras
 
-from common.cpu import has_bf16_units
+from common.console.cpu import has_bf16_units
 from common.errors import ConfigError
+
+# Imported where used, not here: TensorFlow, only on Keras's TensorFlow backend: the models also build and train
+# on the JAX backend, where it is absent.
 
 POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16", "mixed_bfloat16": "mixed_bfloat16"}
 

@@ -7,7 +7,7 @@ prints ``WARNING: All log messages before absl::InitializeLog() ...`` and
 the library), on every rank.  While ``tensorflow`` is first imported, its
 standard error goes to a temporary file; afterwards every line but those INFO
 and WARNING start-up lines is written to the real standard error, in order.
-The suite's own line about the CPU and the kernel set (``common.cpu``) says
+The suite's own line about the CPU and the kernel set (``common.console.cpu``) says
 what the oneDNN line said.
 
 A ``TF_CPP_MIN_LOG_LEVEL`` the user set wins: then nothing is filtered (set it to

@@ -1,8 +1,8 @@
 """A scaling model: projected step time, samples/s and parallel efficiency per node count.
 
-    python -m common.scaling --config configs/cosmoflow/mlperf.yaml --system perlmutter --nodes 1,4,16,64,256
-                             [--samples-per-second R | --rate-from runs/x/summary.json] [--json] [--png F]
-    python -m common.scaling --published          # the SC18 points, model vs paper
+    python -m common.tools.scaling --config configs/cosmoflow/mlperf.yaml --system perlmutter --nodes 1,4,16,64,256
+                                   [--samples-per-second R | --rate-from runs/x/summary.json] [--json] [--png F]
+    python -m common.tools.scaling --published          # the SC18 points, model vs paper
 
 One synchronous data-parallel step on N nodes of r ranks each takes
 
@@ -49,15 +49,19 @@ import json
 import math
 import pathlib
 import sys
-
 from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from common.config import Section, read_yaml, validate
+from common.cli import exit_on_user_error, find_application
+from common.config import Section, load_config, read_yaml, validate
 from common.errors import ConfigError
+from common.storage.outputs import save_figure
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
+# config errors answer without it; matplotlib, only for --png.
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SYSTEMS_DIR = REPO_ROOT / "configs" / "systems"
 PUBLISHED = REPO_ROOT / "configs" / "scaling" / "published.yaml"
 BACKWARD_SHARE = 2.0 / 3.0   # of a training step (forward 1, backward 2, in the 3 x forward convention)
@@ -196,9 +200,7 @@ def scaling_table(work: Workload, system: System, node_counts: list[int]) -> lis
 
 def workload_from_config(config: str, overrides: list[str], rank_samples_per_second: float | None,
                          dataset_bytes: float = 0.0, sample_bytes: float | None = None) -> Workload:
-    from common.cli import find_application
-    from common.config import load_config
-    from common.flops import TRAINING_FLOPS_FACTOR
+    from common.nn.flops import TRAINING_FLOPS_FACTOR
     from common.trainer import describe_model
 
     app = find_application(config, None, app_option=False)
@@ -226,7 +228,7 @@ def rate_from_json(path: str) -> float:
         return float(data["compute"]["samples_per_second"]) / int(data.get("ranks", 1))
     if data.get("samples_per_second"):
         return float(data["samples_per_second"]) / int(data.get("ranks", 1))
-    raise ConfigError(f"{path}: no samples_per_second (expected a summary.json or a common.bench JSON)")
+    raise ConfigError(f"{path}: no samples_per_second (expected a summary.json or a common.tools.bench JSON)")
 
 
 # -- the published points ---------------------------------------------------------------------------
@@ -297,22 +299,21 @@ def plot(rows: list[dict], title: str, out_png, force: bool = False) -> None:
         axis.grid(alpha=0.3, which="both")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    from common.outputs import save_figure
 
     try:
-        save_figure(fig, out_png, "common.scaling", force)
+        save_figure(fig, out_png, "common.tools.scaling", force)
     finally:
         plt.close(fig)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.scaling", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m common.tools.scaling", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="application config (model, local batch, precision, compression)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--system", help=f"one of {', '.join(available_systems())}, or a YAML file")
     parser.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256,512,1024")
     parser.add_argument("--samples-per-second", type=float, help="measured training samples/s of one rank")
-    parser.add_argument("--rate-from", help="summary.json of a run or a common.bench JSON: its per-rank rate")
+    parser.add_argument("--rate-from", help="summary.json of a run or a common.tools.bench JSON: its per-rank rate")
     parser.add_argument("--dataset-bytes", type=float, default=0.0, help="dataset size, for the staging time")
     parser.add_argument("--sample-bytes", type=float,
                         help="bytes read per sample (default: the model input in float32)")
@@ -321,7 +322,6 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="replace a --png file this suite did not write")
     parser.add_argument("--published", action="store_true", help="the published SC18 points, model vs paper")
     args = parser.parse_args(argv)
-    from common.cli import exit_on_user_error
 
     with exit_on_user_error():
         if args.published:

@@ -1,7 +1,7 @@
 """Helpers the SLURM scripts call (slurm/*.sbatch).
 
-    python -m common.slurm env   --config C [--set k=v ...]   # shell assignments for the job
-    python -m common.slurm stage --config C [--set k=v ...]   # run under srun: each rank stages its share
+    python -m common.tools.slurm env   --config C [--set k=v ...]   # shell assignments for the job
+    python -m common.tools.slurm stage --config C [--set k=v ...]   # run under srun: each rank stages its share
 
 ``env`` prints ``export`` lines for the Horovod knobs of the config's
 ``distributed`` section, and ``STAGE_DIR=...`` (empty when the config asks
@@ -15,9 +15,12 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from common import logs
+from common.console import logs
 from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
+
+# Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
+# config errors answer without it.
 
 
 def horovod_environment(cfg) -> dict[str, str]:
@@ -33,7 +36,7 @@ def horovod_environment(cfg) -> dict[str, str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.slurm")
+    parser = argparse.ArgumentParser(prog="python -m common.tools.slurm")
     parser.add_argument("command", choices=["env", "stage"])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -1,6 +1,6 @@
 """Validate a dataset before a long job and report every problem.
 
-    python -m common.check_data --config configs/cosmoflow/mlperf.yaml [--set data.data_dir=D] [--app cosmoflow]
+    python -m common.tools.check_data --config configs/cosmoflow/mlperf.yaml [--set data.data_dir=D] [--app cosmoflow]
 
 Reads every file of every split the way training would, but all the way
 through: checksums, shapes, dtypes, NaN/Inf, label ranges.  Prints one line
@@ -19,7 +19,7 @@ from common.errors import EXIT_BAD_INPUT, ConfigError, DataError, UserInputError
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.check_data", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m common.tools.check_data", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--app", help="application package (cosmoflow, hep_cnn, ...)")

@@ -1,0 +1,3 @@
+"""Files: guarded atomic outputs and the run-folder lock, checkpoints, the data folder's screening and staging,
+TFRecord reading, training-curve plots.
+"""

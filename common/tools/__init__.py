@@ -1,0 +1,3 @@
+"""Command-line tools beside the library (``python -m common.tools.<name>``): ``bench`` (throughput), ``scaling``
+(the scaling model), ``slurm`` (what the SLURM scripts ask of a config), ``check_data`` (a data folder screened).
+"""
