@@ -158,8 +158,14 @@ def test_staging_copies_this_ranks_share(tmp_path):
                                           ((6, 6, 6, 3), np.int16), ((6, 6, 6, 2), np.float32),
                                           ((4, 6, 8, 4), np.int16)])
 def test_augmentation_is_flips_then_a_permutation(shape, dtype):
-    # Against numpy slicing and transposes; the voxel-as-one-integer view must not change a value.
+    # Against numpy slicing and transposes; the voxel-as-one-word view must not change a value.
     x = np.random.default_rng(6).integers(-1000, 1000, size=shape).astype(dtype)
+    if shape[-1] == 4 and dtype == np.int16:
+        # The last channel is the high half of a voxel's float64 view: make every kind of float64 bit pattern
+        # appear (quiet and signalling NaNs, infinities, subnormals, zeros of either sign, normals).
+        high = np.array([0x7FF8, 0x7FF4, 0x7FF0, -16, -8, -1, 0, 1, 15, -32768, -32753, 0x3FF0, 100], np.int64)
+        x[..., 3] = np.resize(high, x[..., 3].size).reshape(x[..., 3].shape).astype(np.int16)
+        x[::2, ..., 0:3] = 0           # with zero low halves: exact infinities and signed zeros
     permutations = [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]]
     outcomes = set()
     for s in range(16):
@@ -208,7 +214,7 @@ def write_hdf5_volumes(directory, samples):
 @pytest.mark.parametrize("case", ["nan_target", "negative"])
 @pytest.mark.parametrize("file_format", ["tfrecord", "hdf5"])
 def test_bad_values_are_named_by_file_as_they_are_read(tmp_path, case, file_format):
-    from common.data import data_error_from_pipeline
+    from common.storage.data import data_error_from_pipeline
 
     samples = make_samples(4, 12)
     x, y = samples[2]
