@@ -26,6 +26,7 @@ class Ref:
     target: str
 
     def resolve(self) -> Callable:
+        """The function ``target`` names (``"module:function"``), imported now."""
         module, _, name = self.target.partition(":")
         return getattr(importlib.import_module(module), name)
 

@@ -64,6 +64,8 @@ def nonfinite_outcome(exc: Exception, output_dir) -> str:
 
 
 def train_parser(app) -> argparse.ArgumentParser:
+    """The ``python -m <app>.train`` command line: --config, --set, --output-dir, --resume, --force, --dry-run,
+    --measure-peak."""
     parser = argparse.ArgumentParser(prog=f"python -m {app.name}.train", description=f"Train {app.name}.")
     default = str(app.default_config) if app.default_config else None
     parser.add_argument("--config", default=default, help=f"YAML config (default: {default})")
@@ -82,6 +84,7 @@ def train_parser(app) -> argparse.ArgumentParser:
 
 
 def default_output_dir(app, cfg, config_path) -> pathlib.Path:
+    """``train.output_dir`` if set, else ``runs/<app>-<config file stem>`` (relative to the working directory)."""
     if cfg.train.output_dir:
         return pathlib.Path(cfg.train.output_dir)
     stem = pathlib.Path(config_path).stem if config_path else "default"

@@ -254,6 +254,7 @@ def _format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
 
 
 def read_yaml(path: str | pathlib.Path) -> dict:
+    """A YAML file's mapping; a ConfigError naming the file if it is missing, not UTF-8, not YAML or not a mapping."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
@@ -276,6 +277,7 @@ def read_yaml(path: str | pathlib.Path) -> dict:
 
 
 def validate(schema: type[ConfigT], raw: dict, source: str) -> ConfigT:
+    """``raw`` checked against ``schema``; a ConfigError naming each bad key path and ``source``."""
     try:
         return schema.model_validate(raw)
     except pydantic.ValidationError as exc:
@@ -293,6 +295,7 @@ def load_config(schema: type[ConfigT], path: str | pathlib.Path | None,
 
 
 def config_to_dict(cfg: BaseModel) -> dict:
+    """Every key with its resolved value, as plain JSON/YAML types (what ``config.yaml`` records)."""
     return cfg.model_dump(mode="json")
 
 

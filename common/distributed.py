@@ -77,6 +77,7 @@ class Distributed:
 
     @property
     def num_nodes(self) -> int:
+        """Nodes in the job, counted as ranks over ranks per node (1 for a single process)."""
         return max(1, self.size // max(1, self.local_size))
 
     def __repr__(self):
@@ -93,6 +94,8 @@ class Distributed:
         return tf.convert_to_tensor(value)
 
     def start_leader_average(self, arrays: list[np.ndarray], name: str):
+        """Hybrid mode's asynchronous average of ``arrays`` across group leaders; a single
+        process has no other group."""
         raise RuntimeError("cross-group exchanges need Horovod ranks in several groups")
 
     def broadcast_in_group(self, variables) -> None:
@@ -141,6 +144,8 @@ class HorovodDistributed(Distributed):
         self._exchanger = None
 
     def allreduce_gradients(self, gradients, compression: str = "none"):
+        """Gradients averaged over the ranks of this group (sparse ones made dense, ``None`` kept), in one grouped
+        allreduce, optionally sent as fp16."""
         if self.group_size == 1:
             return list(gradients)
         hvd = self._hvd
@@ -158,6 +163,7 @@ class HorovodDistributed(Distributed):
         return {"process_set": self._group_set} if self._group_set is not None else {}
 
     def allreduce(self, value, average: bool = True, name: str | None = None, group_only: bool = False):
+        """``value`` averaged (or summed) over every rank, or only over this rank's group with ``group_only``."""
         if group_only and self.group_size == 1:
             return tf.convert_to_tensor(value)
         op = self._hvd.Average if average else self._hvd.Sum
@@ -183,12 +189,14 @@ class HorovodDistributed(Distributed):
         return self._exchanger.submit(exchange)
 
     def broadcast_in_group(self, variables) -> None:
+        """``variables`` set to the group root's values on every rank of this group."""
         if self.group_size == 1:
             return
         self._hvd.broadcast_variables([getattr(v, "value", v) for v in variables], root_rank=self.group_root,
                                       process_set=self._group_set)
 
     def average_scalars(self, values: dict[str, float]) -> dict[str, float]:
+        """Each named scalar averaged over every rank, in one float64 allreduce (keys sorted, so every rank agrees)."""
         if not values:
             return {}
         keys = sorted(values)
@@ -197,6 +205,7 @@ class HorovodDistributed(Distributed):
         return {k: float(v) for k, v in zip(keys, averaged)}
 
     def sum_array(self, array: np.ndarray) -> np.ndarray:
+        """``array`` summed element-wise over every rank."""
         return self._hvd.allreduce(tf.convert_to_tensor(array), op=self._hvd.Sum, name="sum_array").numpy()
 
     def broadcast_object(self, obj, root_rank: int = 0):
@@ -206,6 +215,8 @@ class HorovodDistributed(Distributed):
         return self._hvd.allgather_object(obj)
 
     def broadcast_variables(self, variables, root_rank: int = 0) -> None:
+        """``variables`` set to ``root_rank``'s values on every rank, except the dropout seed state (each rank keeps
+        its own)."""
         raw = [getattr(v, "value", v) for v in variables if SEED_STATE_MARKER not in getattr(v, "path", v.name)]
         if raw:
             self._hvd.broadcast_variables(raw, root_rank=root_rank)

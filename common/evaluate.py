@@ -38,6 +38,8 @@ class Evaluator:
 
     @property
     def all_outputs(self) -> tuple[str, ...]:
+        """Every file the evaluation writes into the run directory, the training-curve figure included when it has
+        one."""
         return self.outputs + (("training_curves.png",) if self.curves else ())
 
 

@@ -67,6 +67,7 @@ class Layout:
     names_from: str             # where that order came from
 
     def describe(self) -> str:
+        """One line for the log: the data format found and where the target names came from."""
         what = {"mlperf": "MLPerf TFRecords (x int16 bytes, y floats)",
                 "float_list": "TFRecords with x as a float list (cosmoflow-benchmark before 2020)",
                 "sc18": f"SC18 TFRecords (data_raw, label_raw {self.x_dtype} bytes)",

@@ -136,6 +136,7 @@ def spectrum_features(volume: np.ndarray, box_size: float, n_bins: int = 8) -> n
 
 
 def split_features(cfg, split: str, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Power-spectrum features and targets of every sample of a split (read raw, not through the pipeline)."""
     from cosmoflow.data import raw_samples
 
     features, targets = [], []

@@ -55,6 +55,7 @@ def draw_parameters(rng: np.random.Generator, mock: MockSection) -> np.ndarray:
 
 
 def parameter_ranges(mock: MockSection) -> list[tuple[float, float]]:
+    """The (low, high) range of each target, in the MLPerf order (Omega_m, sigma_8, n_s, H0)."""
     return [tuple(mock.omega_m_range), tuple(mock.sigma_8_range), tuple(mock.n_s_range), tuple(mock.h0_range)]
 
 
@@ -65,6 +66,7 @@ def normalise_targets(params: np.ndarray, mock: MockSection) -> np.ndarray:
 
 
 def cosmology_for(params: np.ndarray):
+    """A flat colossus cosmology for physical parameters (Omega_m, sigma_8, n_s, H0)."""
     from colossus.cosmology import cosmology
 
     omega_m, sigma_8, n_s, h0 = (float(p) for p in params)
@@ -199,6 +201,7 @@ def seeded_universe(task: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity, as SLURM and cgroups set it), not the machine's."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:

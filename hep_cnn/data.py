@@ -133,6 +133,8 @@ def split_chunks(cfg: HepConfig, split: str, dist: Distributed | None = None,
 
 
 def limit_chunks(chunks: list[Chunk], requested: int | None, key: str, where: str) -> tuple[list[Chunk], int]:
+    """The chunks cut to the first ``requested`` events (all if None; an error naming ``key`` if there are
+    fewer in ``where``), and the count used."""
     available = sum(c.stop - c.start for c in chunks)
     used = select_count(available, requested, key, where)
     out, remaining = [], used
@@ -186,6 +188,7 @@ def maxima_path(cfg: HepConfig) -> pathlib.Path:
 
 
 def load_maxima(cfg: HepConfig) -> dict:
+    """The training-set maxima (per channel, and of the event weights) that normalise every split."""
     path = maxima_path(cfg)
     if not path.is_file():
         raise DataError(f"{path}: training-set maxima not found; run python -m hep_cnn.maxima --config <config>")
@@ -200,6 +203,7 @@ def load_maxima(cfg: HepConfig) -> dict:
 
 
 def normalise_weights(weights, mode: str, weight_max: float):
+    """Event weights for the loss: divided by the training maximum (``max``), ``log1p``, or as they are."""
     if mode == "max":
         return weights / weight_max
     if mode == "log1p":

@@ -19,6 +19,7 @@ def weighted_roc(scores, labels, weights=None):
 
 
 def auc(fpr, tpr) -> float:
+    """The area under a ROC curve given as points (trapezoids)."""
     return float(sklearn_metrics.auc(fpr, tpr))
 
 

@@ -182,6 +182,7 @@ EXPECTED_LAYOUT = "HEP event files (*.h5 / *.hdf5)"
 
 
 def dataset_present(directory) -> bool:
+    """Whether ``directory`` already holds HDF5 files (then nothing is generated into it)."""
     directory = pathlib.Path(directory)
     return directory.is_dir() and any(p.suffix in (".h5", ".hdf5") for p in directory.iterdir())
 

@@ -64,6 +64,7 @@ class RunningStats:
                    minimum=pixels.min(axis=0), maximum=pixels.max(axis=0), class_counts=counts)
 
     def merge(self, other: "RunningStats") -> "RunningStats":
+        """The statistics of both sets of samples together (Chan et al.'s pairwise update of mean and M2)."""
         if other.count == 0:
             return self
         if self.count == 0:
@@ -78,6 +79,7 @@ class RunningStats:
 
     @property
     def std(self) -> np.ndarray:
+        """The population standard deviation per channel."""
         return np.sqrt(self.m2 / max(self.count, 1))
 
 
@@ -158,6 +160,7 @@ def file_stats(path: str) -> RunningStats:
 
 
 def is_extremeweather(path: str) -> bool:
+    """Whether an HDF5 file has the ExtremeWeather layout (an ``images`` dataset) rather than the CAM5 one."""
     try:
         with h5py.File(path, "r") as f:
             return "images" in f

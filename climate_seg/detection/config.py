@@ -83,6 +83,7 @@ class DetectModelSection(Section):
 
     @property
     def cell(self) -> int:
+        """Input pixels per side of one box-grid cell (2 to the number of downsampling levels to the head)."""
         return 2 ** (self.head_level or len(self.filters))
 
 

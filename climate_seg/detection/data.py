@@ -144,6 +144,8 @@ def split_samples(cfg: DetectConfig, split: str, dist: Distributed | None = None
 
 
 def training_class_offset(cfg: DetectConfig, dist: Distributed | None = None) -> int:
+    """How the training files number their box classes (0- or 1-based): ``data.box_classes``, or read from
+    the files when it is ``auto``."""
     if cfg.data.box_classes != "auto":
         return class_offset(cfg, set(), "")
     return split_samples(cfg, "train", dist)[0].class_offset
@@ -304,6 +306,8 @@ def true_boxes(cfg: DetectConfig, sample: Sample) -> list[np.ndarray]:
 
 
 def check_data(cfg: DetectConfig) -> tuple[int, list[str]]:
+    """The files checked and the problems found (one line each) over every split, for
+    ``python -m common.tools.check_data``."""
     problems: list[str] = []
     try:
         numbering = training_class_offset(cfg)

@@ -41,6 +41,7 @@ class ClimateDataSection(DataSection):
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
+        """The network's input (height, width, channels) after downsampling or cropping."""
         h, w = self.grid[0] // self.downsample, self.grid[1] // self.downsample
         if self.crop:
             h, w = self.crop
@@ -83,6 +84,7 @@ class DeeplabSection(Section):
 
     @property
     def rates(self) -> list[int]:
+        """The ASPP atrous rates: the configured ones, else DeepLabv3+'s for the output stride."""
         if self.atrous_rates:
             return list(self.atrous_rates)
         return [12, 24, 36] if self.output_stride == 8 else [6, 12, 18]

@@ -86,6 +86,8 @@ def split_files(cfg: ClimateConfig, split: str, dist: Distributed | None = None,
 
 
 def raw_readable(files: list[SampleFile]) -> bool:
+    """Whether every file can be read by offset without h5py (contiguous data and labels, one label dtype,
+    one layout)."""
     return all(f.data_offset is not None and f.label_offset is not None for f in files) and \
         len({f.label_dtype for f in files}) == 1 and len({f.channels_first for f in files}) == 1
 

@@ -192,6 +192,8 @@ class SaveCheckpoint(keras.callbacks.Callback):
         self.resume_record = dict(resume_record or {})
 
     def save(self, epochs_completed: int, step_in_epoch: int = 0):
+        """A checkpoint of the model and optimizer after ``epochs_completed`` epochs (and ``step_in_epoch`` steps into
+        the next), written by rank 0 only if every rank's variables are finite; otherwise NonFiniteLoss."""
         previous = self.watchdog.phase("saving", "writing a checkpoint") if self.watchdog is not None else None
         optimizer = self.model.optimizer
         variables = state_variables(self.model) + list(optimizer.variables)

@@ -88,9 +88,11 @@ class Watchdog:
 
     @property
     def current_phase(self) -> str:
+        """The phase the watchdog times now (start-up, training, saving...)."""
         return self._phase
 
     def beat(self):
+        """A sign of progress: the current phase's timer starts again."""
         self._last = time.monotonic()
 
     def phase(self, name: str, what: str = "") -> str:
@@ -101,6 +103,7 @@ class Watchdog:
         return previous
 
     def stop(self):
+        """Ends the watchdog thread; nothing is timed any more."""
         self._stopped.set()
 
     def _run(self):

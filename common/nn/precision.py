@@ -50,10 +50,12 @@ def set_precision(precision: str) -> None:
 
 
 def needs_loss_scaling(precision: str) -> bool:
+    """Whether the gradients need a loss scale: float16 only (bfloat16 has float32's range)."""
     return precision == "mixed_float16"
 
 
 def compute_dtype(precision: str) -> str:
+    """The dtype layers compute in under a resolved precision (``fp32`` -> float32, ...)."""
     return {"fp32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[precision]
 
 

@@ -53,6 +53,7 @@ class CorruptCheckpoint(UserInputError):
 
 
 def checkpoint_path(directory: str | pathlib.Path, epoch: int, step_in_epoch: int = 0) -> pathlib.Path:
+    """The file name of the checkpoint after ``epoch`` epochs (and ``step_in_epoch`` steps into the next)."""
     name = f"ckpt-epoch-{epoch:05d}" + (f"-step-{step_in_epoch:07d}" if step_in_epoch else "") + ".npz"
     return pathlib.Path(directory) / name
 
@@ -68,6 +69,8 @@ def list_checkpoints(directory: str | pathlib.Path) -> list[pathlib.Path]:
 
 
 def latest_checkpoint(directory: str | pathlib.Path) -> pathlib.Path | None:
+    """The newest checkpoint in ``directory`` by epoch and step, or None; unread
+    (:func:`newest_readable` reads them whole)."""
     found = list_checkpoints(directory)
     return found[-1] if found else None
 
@@ -141,6 +144,7 @@ def remove_stale_temporaries(directory: str | pathlib.Path) -> list[pathlib.Path
 
 
 def read_state(path: str | pathlib.Path) -> dict:
+    """The training state a checkpoint records (epoch, step, ranks, ...), without its arrays."""
     with np.load(path) as data:
         return json.loads(bytes(data[STATE_KEY]).decode())
 

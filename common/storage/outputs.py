@@ -267,6 +267,7 @@ def folder_summary(path, limit: int = 4) -> str:
 
 
 def is_empty_folder(path) -> bool:
+    """Whether ``path`` is an existing folder with nothing in it."""
     path = pathlib.Path(path)
     return path.is_dir() and not any(path.iterdir())
 
@@ -393,6 +394,8 @@ class RunDirLock:
         self.previous = b""
 
     def acquire(self) -> "RunDirLock":
+        """Takes the run directory's lock (an exclusive flock on its lock file); a UserInputError naming the run
+        that holds it if another process does."""
         path = self.run_dir / RUN_LOCK
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
@@ -431,6 +434,7 @@ class RunDirLock:
             os.pwrite(self._fd, self.previous, 0)
 
     def release(self) -> None:
+        """Releases the lock (the lock file stays: removing it would let two runs lock two different files)."""
         if self._fd is not None:
             os.close(self._fd)   # closing the descriptor releases the flock
             self._fd = None

@@ -96,6 +96,7 @@ def op_profile(model, dataset, steps: int, logdir: str, top: int = 12) -> dict:
 
 
 def profile_table(profile: dict) -> str:
+    """The ``--profile`` result as text: the share and time per step of each op type, then of the top ops."""
     lines = [f"  profile ({profile['steps']} steps; self time summed over threads, "
              f"{profile['busy_ms_per_step']:.1f} ms busy per step)"]
     lines += [f"    {row['share']:6.1%} {row['ms_per_step']:9.2f} ms  {row['type']}" for row in profile["by_type"]]
@@ -105,6 +106,7 @@ def profile_table(profile: dict) -> str:
 
 
 def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | None = None) -> dict:
+    """The four measurements (peak, compute, input, end to end) for ``application``'s config, on ``dist``'s ranks."""
     import tensorflow as tf
 
     from common.loop.callbacks import state_variables
@@ -163,6 +165,7 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
 
 
 def table(result: dict) -> str:
+    """A :func:`run` result as the table the command prints."""
     gf = lambda x: f"{x / 1e9:.1f}" if x else "-"  # noqa: E731
     c, i, e = result["compute"], result["input"], result["end_to_end"]
     ratio = f"{c['ratio_to_peak']:.2f}" if c["ratio_to_peak"] else "-"

@@ -97,10 +97,12 @@ class System(Section):
 
 
 def available_systems() -> list[str]:
+    """The names of the systems in ``configs/systems/``."""
     return sorted(p.stem for p in SYSTEMS_DIR.glob("*.yaml"))
 
 
 def load_system(name_or_path: str) -> System:
+    """A system by name (``configs/systems/<name>.yaml``) or by path; a ConfigError listing the known ones."""
     path = pathlib.Path(name_or_path)
     if not path.is_file():
         path = SYSTEMS_DIR / f"{name_or_path}.yaml"
@@ -154,6 +156,8 @@ def communication_time(work: Workload, system: System, nodes: int) -> float:
 
 
 def compute_time(work: Workload, system: System) -> float:
+    """Seconds of compute per step on one rank: from a measured per-rank rate if given, else FLOPs over the
+    system's sustained peak for the precision."""
     if work.rank_samples_per_second:
         return work.local_batch / work.rank_samples_per_second
     peak = system.peak_tflops_per_rank.get(work.precision)
@@ -187,6 +191,7 @@ def project(work: Workload, system: System, nodes: int) -> dict:
 
 
 def scaling_table(work: Workload, system: System, node_counts: list[int]) -> list[dict]:
+    """One projected row per node count, with the parallel efficiency against one node."""
     one = project(work, system, 1)["samples_per_second"]
     rows = []
     for nodes in node_counts:
@@ -200,6 +205,8 @@ def scaling_table(work: Workload, system: System, node_counts: list[int]) -> lis
 
 def workload_from_config(config: str, overrides: list[str], rank_samples_per_second: float | None,
                          dataset_bytes: float = 0.0, sample_bytes: float | None = None) -> Workload:
+    """The per-rank workload a training config describes (batch, FLOPs per sample, gradient bytes, precision), from
+    the model the config builds."""
     from common.nn.flops import TRAINING_FLOPS_FACTOR
     from common.trainer import describe_model
 
@@ -279,6 +286,7 @@ def published_points() -> list[dict]:
 
 
 def plot(rows: list[dict], title: str, out_png, force: bool = False) -> None:
+    """Samples/s and parallel efficiency against nodes, written to ``out_png`` through the guarded writer."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -24,6 +24,8 @@ from common.config import load_config
 
 
 def horovod_environment(cfg) -> dict[str, str]:
+    """The environment the job's ranks need from the config's ``distributed`` section (Horovod's fusion,
+    cycle time, hierarchical allreduce...) and HDF5's file locking off."""
     d = cfg.distributed
     env = {"HDF5_USE_FILE_LOCKING": "FALSE"}
     if d.fusion_threshold_mb is not None:
