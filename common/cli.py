@@ -136,12 +136,14 @@ def run_train(package: str, argv=None) -> int:
         cfg = load_config(app.config_schema, args.config, args.set)
         # TensorFlow and Horovod load only from here: arguments and config are checked without them.
         if args.dry_run:
+            # deferred: TensorFlow and Horovod load only once arguments and config are checked
             from common.distributed import launched_world_size
             from common.trainer import describe_model
 
             print(json.dumps(describe_model(app, cfg, launched_world_size())), flush=True)
             return 0
 
+        # deferred: TensorFlow and Horovod load only once arguments and config are checked
         from common import distributed
         from common.trainer import train
 

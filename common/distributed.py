@@ -249,6 +249,7 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
     launched = launched_world_size()
     hvd = None
     try:
+        # deferred: Horovod is optional for one process; its absence is an error only for several ranks
         import horovod.tensorflow as hvd_module
     except ImportError as exc:
         if launched > 1 or "HOROVOD_RANK" in os.environ:

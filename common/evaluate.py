@@ -45,7 +45,7 @@ class Evaluator:
 
 def load_run(run_dir, schema, data_dir: str | None = None):
     """(resolved config, trained network) of a run; ``data_dir`` points it at other data."""
-    import keras   # deferred: --help and argument errors answer without TensorFlow
+    import keras   # deferred: Keras, so TensorFlow; --help and argument errors answer without it
 
     run_dir = pathlib.Path(run_dir)
     for required in ("config.yaml", "model.keras"):
@@ -87,7 +87,7 @@ class EvaluationWriter:
         outputs.save_npz(self.run_dir / name, self.tool, self.force, **arrays)
 
     def figure(self, figure, name: str, dpi: int = 110) -> None:
-        import matplotlib.pyplot as plt   # matplotlib only where a figure is written
+        import matplotlib.pyplot as plt   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
 
         try:
             outputs.save_figure(figure, self.run_dir / name, self.tool, self.force, dpi=dpi)
@@ -107,7 +107,8 @@ def evaluate_run(evaluator: Evaluator, run_dir, split: str | None = None, data_d
         history = writer.run_dir / "history.csv"
         curves = evaluator.curves(cfg) if callable(evaluator.curves) else evaluator.curves
         if curves and history.is_file():
-            from common.storage.plots import plot_training_curves   # matplotlib only where a figure is written
+            # deferred: matplotlib (about 0.3 s) only where a figure is drawn
+            from common.storage.plots import plot_training_curves
 
             writer.figure(plot_training_curves(history, metrics=curves), "training_curves.png")
     return metrics

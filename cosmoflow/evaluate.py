@@ -56,7 +56,7 @@ def parity(predictions: np.ndarray, targets: np.ndarray, names, bins: int = 5) -
 
 def plot_predictions(predictions, targets, names):
     """One panel per parameter: predicted on true (the figure)."""
-    import matplotlib
+    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -78,7 +78,8 @@ def plot_predictions(predictions, targets, names):
 
 def _evaluate(writer, cfg, model, split: str) -> dict:
     """MAE per parameter against the training-mean baseline, and the parity numbers, over every sample."""
-    from cosmoflow.data import evaluation_dataset, read_targets   # TensorFlow: after the arguments parsed
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
+    from cosmoflow.data import evaluation_dataset, read_targets
 
     names = list(cfg.data.target_names)
     dataset, count = evaluation_dataset(cfg, split)

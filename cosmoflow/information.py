@@ -99,7 +99,7 @@ def marginal_errors(fisher: np.ndarray, known: tuple[str, ...] = ()) -> dict[str
 def posterior_mean_mae(sigma: float, samples: int = 200_000, seed: int = 0) -> float:
     """MAE of the posterior mean of t ~ U[-1, 1] observed as t + N(0, sigma^2): the best validation MAE
     a Gaussian measurement of that error gives in the normalised targets (-> 0.5 as sigma grows)."""
-    from scipy.stats import norm
+    from scipy.stats import norm   # deferred: scipy (about 0.3 s) for this one function
 
     rng = np.random.default_rng(seed)
     truth = rng.uniform(-1.0, 1.0, samples)
@@ -137,6 +137,7 @@ def spectrum_features(volume: np.ndarray, box_size: float, n_bins: int = 8) -> n
 
 def split_features(cfg, split: str, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
     """Power-spectrum features and targets of every sample of a split (read raw, not through the pipeline)."""
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
     from cosmoflow.data import raw_samples
 
     features, targets = [], []
@@ -149,7 +150,7 @@ def split_features(cfg, split: str, n_bins: int) -> tuple[np.ndarray, np.ndarray
 def spectrum_regression(train_x, train_y, valid_x, valid_y, names) -> dict:
     """Ridge regression (penalty by cross-validation) of the targets on the features: validation MAE
     per target and the training-mean baseline."""
-    from sklearn.linear_model import RidgeCV
+    from sklearn.linear_model import RidgeCV   # deferred: scikit-learn (about 1 s) for the regression alone
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 

@@ -29,6 +29,7 @@ import pathlib
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
+import h5py
 import numpy as np
 
 from common.cli import exit_on_user_error
@@ -67,6 +68,7 @@ def normalise_targets(params: np.ndarray, mock: MockSection) -> np.ndarray:
 
 def cosmology_for(params: np.ndarray):
     """A flat colossus cosmology for physical parameters (Omega_m, sigma_8, n_s, H0)."""
+    # deferred: colossus only where a universe is drawn (not for --help or the HDF5 writer)
     from colossus.cosmology import cosmology
 
     omega_m, sigma_8, n_s, h0 = (float(p) for p in params)
@@ -165,7 +167,7 @@ def make_universe(params: np.ndarray, grid: int, mock: MockSection, rng: np.rand
 
 def write_tfrecord(path, samples, compression: str = "none") -> None:
     """Samples [(x int16 array, y float32[4])] as TFRecord examples (MLPerf layout)."""
-    import tensorflow as tf
+    import tensorflow as tf   # deferred: TensorFlow only for the TFRecord layout; HDF5 mocks are written without it
 
     options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
     with tf.io.TFRecordWriter(str(path), options) as writer:
@@ -179,8 +181,6 @@ def write_tfrecord(path, samples, compression: str = "none") -> None:
 
 def write_hdf5(path, full: np.ndarray, unit_par: np.ndarray, physical: np.ndarray | None = None) -> None:
     """A raw-format file: ``full`` (counts, channels last) and ``unitPar`` (targets in [-1, 1])."""
-    import h5py
-
     with h5py.File(path, "w") as f:
         mark_hdf5(f, "cosmoflow.mock")
         f.create_dataset("full", data=np.asarray(full, np.int16), chunks=True)

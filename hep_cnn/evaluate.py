@@ -24,7 +24,7 @@ from hep_cnn.metrics import physics_metrics, weighted_roc
 
 def plot_roc(fpr, tpr, metrics):
     """The weighted ROC with the cut-based point (the figure)."""
-    import matplotlib
+    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -49,7 +49,8 @@ def plot_roc(fpr, tpr, metrics):
 
 def _evaluate(writer, cfg, model, split: str) -> dict:
     """Scores of every event of ``split``; accuracy, weighted AUC and the comparison with the cuts."""
-    from hep_cnn.data import evaluation_events   # TensorFlow: after the arguments parsed
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
+    from hep_cnn.data import evaluation_events
     from hep_cnn.model import signal_scores
 
     scores, labels, weights, pass_sr = [], [], [], []

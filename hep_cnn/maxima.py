@@ -21,7 +21,7 @@ from hep_cnn.config import HepConfig
 
 def write_maxima(cfg, force: bool = False) -> dict:
     """Compute and write the maxima; a file there that this suite did not write is kept (an error)."""
-    from hep_cnn.data import compute_maxima, maxima_path   # TensorFlow (and hep_cnn.data imports this module)
+    from hep_cnn.data import compute_maxima, maxima_path   # deferred: TensorFlow, and hep_cnn.data imports this module
 
     path = maxima_path(cfg)
     check_replaceable(path, force, "pass --force to replace it, or set data.maxima_file to another name")
@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="replace a maxima file this suite did not write")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        from hep_cnn.data import maxima_path   # TensorFlow: after the arguments parsed
+        # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
+        from hep_cnn.data import maxima_path
 
         cfg = load_config(HepConfig, args.config, args.set)
         maxima = write_maxima(cfg, args.force)

@@ -36,6 +36,13 @@ import numpy as np  # noqa: E402
 from common.config import load_config  # noqa: E402
 from common.nn.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample  # noqa: E402
 from common.nn.precision import compute_dtype, set_precision  # noqa: E402
+from climate_seg.segmentation import model as climate_model  # noqa: E402
+from climate_seg.segmentation.config import ClimateConfig  # noqa: E402
+from climate_seg.segmentation.loss import WeightedPixelCrossEntropy  # noqa: E402
+from cosmoflow import model as cosmoflow_model  # noqa: E402
+from cosmoflow.config import CosmoflowConfig  # noqa: E402
+from hep_cnn import model as hep_model  # noqa: E402
+from hep_cnn.config import HepConfig  # noqa: E402
 
 # app -> (config, overrides at --tiny, loss builder)
 APPS = {
@@ -56,26 +63,16 @@ def build(app: str, tiny: bool, batch: int | None):
     overrides = (small if tiny else []) + ([f"data.batch_size={batch}"] if batch else [])
     rng = np.random.default_rng(0)
     if app == "cosmoflow":
-        from cosmoflow.config import CosmoflowConfig
-        from cosmoflow.model import build_model
-
         cfg = load_config(CosmoflowConfig, REPO / config, overrides)
-        network, loss = build_model(cfg), "mse"
+        network, loss = cosmoflow_model.build_model(cfg), "mse"
         y = rng.uniform(-1, 1, (cfg.data.batch_size, len(cfg.data.target_names))).astype("float32")
     elif app == "hep_cnn_224":
-        from hep_cnn.config import HepConfig
-        from hep_cnn.model import build_model
-
         cfg = load_config(HepConfig, REPO / config, overrides)
-        network, loss = build_model(cfg), keras.losses.SparseCategoricalCrossentropy()
+        network, loss = hep_model.build_model(cfg), keras.losses.SparseCategoricalCrossentropy()
         y = rng.integers(0, 2, cfg.data.batch_size).astype("int32")
     else:
-        from climate_seg.segmentation.config import ClimateConfig
-        from climate_seg.segmentation.loss import WeightedPixelCrossEntropy
-        from climate_seg.segmentation.model import build_model
-
         cfg = load_config(ClimateConfig, REPO / config, overrides)
-        network, loss = build_model(cfg), WeightedPixelCrossEntropy([0.1, 5.0, 2.0])
+        network, loss = climate_model.build_model(cfg), WeightedPixelCrossEntropy([0.1, 5.0, 2.0])
         y = rng.integers(0, 3, (cfg.data.batch_size, *cfg.data.input_shape[:2])).astype("int32")
     x = rng.normal(size=(cfg.data.batch_size, *network.input_shape[1:])).astype("float32")
     return network, loss, x, y, cfg.data.batch_size

@@ -22,6 +22,8 @@ import pathlib
 import sys
 
 import numpy as np
+from sklearn.ensemble import HistGradientBoostingClassifier
+from sklearn.metrics import roc_auc_score
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -44,9 +46,6 @@ def jet_features(jets: np.ndarray, eta_max: float, quark_flags: bool) -> np.ndar
 
 
 def main(argv=None) -> int:
-    from sklearn.ensemble import HistGradientBoostingClassifier
-    from sklearn.metrics import roc_auc_score
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=120_000)
     parser.add_argument("--image-size", type=int, default=64)

@@ -299,7 +299,7 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing file this suite did not write")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        from common import distributed
+        from common import distributed   # deferred: imports TensorFlow and Horovod, after the arguments are parsed
         from common.storage.data import list_files
 
         files = list_files(args.directory, ("*.h5",), "climate sample")

@@ -32,7 +32,7 @@ def softmax(x, axis=-1):
 
 def image_detections(detect: np.ndarray, cell: int, score_threshold: float, nms_iou: float) -> list:
     """Detections of one box grid (gy, gx, 10)."""
-    from climate_seg.detection.boxes import detections
+    from climate_seg.detection.boxes import detections   # deferred: imports TensorFlow (--help answers without it)
 
     objectness = softmax(detect[..., 0:2])[..., 1]
     return detections(objectness, softmax(detect[..., 2:6]), detect[..., 6:8], detect[..., 8:10], cell,
@@ -41,6 +41,7 @@ def image_detections(detect: np.ndarray, cell: int, score_threshold: float, nms_
 
 def average_precisions(predictions: list, truths: list) -> dict:
     """{"ap": {"iou_t": {class: AP}}, "map": {"iou_t": mAP}, "absent_classes": [...]}."""
+    # deferred: imports TensorFlow (--help answers without it)
     from climate_seg.detection.boxes import DETECTION_CLASSES, average_precision
 
     out = {"ap": {}, "map": {}, "absent_classes": []}
@@ -60,12 +61,13 @@ def average_precisions(predictions: list, truths: list) -> dict:
 
 
 def plot_boxes(images, truths, predictions, names, tmq_index: int):
-    import matplotlib
+    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
+    # deferred: imports TensorFlow (--help answers without it)
     from climate_seg.detection.boxes import DETECTION_CLASSES
 
     fig, axes = plt.subplots(len(images), 1, figsize=(7, 3.4 * len(images)), squeeze=False)
@@ -88,7 +90,7 @@ def plot_boxes(images, truths, predictions, names, tmq_index: int):
 
 
 def plot_reconstruction(image, recon, channel_names):
-    import matplotlib
+    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -109,7 +111,8 @@ def plot_reconstruction(image, recon, channel_names):
 
 def _evaluate(writer, cfg, model, split: str) -> dict:
     """AP per class and mAP of ``split``; metrics.json and the figures through ``writer``."""
-    from climate_seg.detection.data import evaluation_samples, true_boxes   # TensorFlow: after the arguments
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
+    from climate_seg.detection.data import evaluation_samples, true_boxes
 
     dataset, samples = evaluation_samples(cfg, split)
     cell = cfg.model.cell

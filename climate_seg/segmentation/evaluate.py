@@ -28,7 +28,7 @@ PLOTTED_SAMPLES = 3
 
 def plot_masks(fields, truth, predicted, names, tmq_channel: int = 0):
     """TMQ with true (left) and predicted (right) cyclone and river regions outlined."""
-    import matplotlib
+    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -55,7 +55,9 @@ def plot_masks(fields, truth, predicted, names, tmq_channel: int = 0):
 
 def _evaluate(writer, cfg, model, split: str) -> dict:
     """IoU over every pixel of ``split``; writes metrics.json and masks.png through ``writer``."""
-    from climate_seg.segmentation.data import evaluation_dataset   # TensorFlow: after the arguments parsed
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
+    from climate_seg.segmentation.data import evaluation_dataset
+    # deferred: imports Keras, so TensorFlow (--help answers without it)
     from common.nn.metrics import iou_from_confusion
 
     n = len(CLASS_NAMES)

@@ -25,6 +25,7 @@ def class_weights(cfg: ClimateConfig, stats: dict | None = None) -> np.ndarray:
     ``power``: f_c ** -p (DeepCAM: p = 0.125); ``none``: ones.
     """
     # Read here, not at import: the loss itself runs on any Keras backend, without TensorFlow.
+    # deferred: reads the statistics path, not at import: the loss runs on any Keras backend
     from climate_seg.cam5.data import stats_path
 
     spec = cfg.loss.class_weights

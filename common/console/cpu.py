@@ -90,7 +90,8 @@ def onednn_setting() -> str:
 
 def onednn_enabled() -> bool:
     """Whether TensorFlow runs its oneDNN CPU kernels in this process (imports TensorFlow)."""
-    import tensorflow  # noqa: F401  (the setting is read when TensorFlow loads)
+    # deferred: this module is read before TensorFlow loads (it sets TF_ENABLE_ONEDNN_OPTS); noqa: F401
+    import tensorflow
     from tensorflow.python.util import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled())

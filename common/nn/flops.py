@@ -120,7 +120,7 @@ def forward_flops_per_sample(model, inside_only: bool = False) -> int:
 
 def measure_matmul_flops(dtype: str = "float32", size: int = 2048, seconds: float = 2.0) -> float:
     """Achieved FLOP/s of a square matmul on this process's device (2 n^3 per product)."""
-    import tensorflow as tf
+    import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
 
     rng = np.random.default_rng(0)
     a = tf.constant(rng.standard_normal((size, size)), dtype=dtype)

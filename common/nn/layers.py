@@ -42,7 +42,7 @@ class DilatedConv2D(keras.layers.Conv2D):
                   and self.data_format == "channels_last" and native_dilated_conv_trains())
         if not native:
             return super().convolution_op(inputs, kernel)
-        import tensorflow as tf
+        import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
 
         return tf.nn.conv2d(inputs, kernel, strides=1, padding=self.padding.upper(),
                             dilations=list(self.dilation_rate))
@@ -53,7 +53,7 @@ def native_dilated_conv_trains() -> bool:
     """Whether a dilated ``tf.nn.conv2d`` has gradient kernels here: oneDNN on the CPU, or a GPU (cuDNN)."""
     if keras.backend.backend() != "tensorflow":
         return False
-    import tensorflow as tf
+    import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
 
     return onednn_enabled() or bool(tf.config.list_physical_devices("GPU"))
 
@@ -75,7 +75,7 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
     def call(self, inputs, training=None, mask=None):
         if not self._fused_applies(inputs, training, mask):
             return super().call(inputs, training=training, mask=mask)
-        import tensorflow as tf
+        import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
 
         channels = inputs.shape[-1]
         shape = tf.shape(inputs)
@@ -105,7 +105,7 @@ class ByteDropout(keras.layers.Dropout):
         if not (training and 0 < self.rate < 1 and self.noise_shape is None
                 and keras.backend.backend() == "tensorflow"):
             return super().call(inputs, training=training)
-        import tensorflow as tf
+        import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
 
         levels = 256 if float(self.rate * 256).is_integer() else 65536
         threshold = int(round(self.rate * levels))  # keep when the draw is >= threshold

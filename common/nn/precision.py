@@ -29,7 +29,7 @@ def resolve(precision: str) -> str:
     """The concrete policy for ``precision`` on this process's device (``auto`` decided, others as given)."""
     if precision != "auto":
         return precision
-    import tensorflow as tf
+    import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
 
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
@@ -62,7 +62,7 @@ def compute_dtype(precision: str) -> str:
 def check_device_support(precision: str) -> None:
     """mixed_float16 is a GPU policy: TensorFlow's CPU kernels lack float16 for
     ops such as MaxPool3D, so fail early with a message instead of mid-graph."""
-    import tensorflow as tf
+    import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
 
     if precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         raise ConfigError("train.precision: mixed_float16 needs a GPU (TensorFlow has no float16 CPU kernels "

@@ -36,6 +36,8 @@ import shutil
 import socket
 import tempfile
 
+import numpy as np
+
 from common.errors import DataError, UserInputError
 
 # Imported where used, not here: h5py, Pillow and numpy, only to mark or write such a file: the TensorFlow-free
@@ -121,7 +123,7 @@ def _embedded_mark(path: pathlib.Path) -> str:
     """The ``written_by`` a file carries in itself ('' when none)."""
     suffix = path.suffix.lower()
     if suffix in HDF5_SUFFIXES:
-        import h5py
+        import h5py   # deferred: h5py only for an HDF5 file; the module serves --help paths
 
         if not h5py.is_hdf5(path):
             return ""
@@ -132,13 +134,11 @@ def _embedded_mark(path: pathlib.Path) -> str:
         value = json.loads(path.read_text())
         return str(value.get(WRITTEN_BY, "")) if isinstance(value, dict) else ""
     if suffix == ".png":
-        from PIL import Image
+        from PIL import Image   # deferred: Pillow (matplotlib's) only for a PNG file
 
         with Image.open(path) as image:
             return str(getattr(image, "text", {}).get(WRITTEN_BY, ""))
     if suffix == ".npz":
-        import numpy as np
-
         with np.load(path, allow_pickle=False) as data:
             return str(data[WRITTEN_BY]) if WRITTEN_BY in data.files else ""
     return ""
@@ -251,8 +251,6 @@ def save_figure(figure, path, tool: str, force: bool = False, dpi: int = 110) ->
 
 def save_npz(path, tool: str, force: bool = False, **arrays) -> None:
     """``numpy.savez`` atomically, with a ``written_by`` array beside the data."""
-    import numpy as np
-
     with atomic_path(path, force, suffix=".npz") as temporary:
         with open(temporary, "wb") as handle:
             np.savez(handle, **arrays, **{WRITTEN_BY: np.array(provenance(tool))})

@@ -46,6 +46,7 @@ from common.storage import outputs
 
 
 def device_has_bf16() -> bool:
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
     import tensorflow as tf
 
     return bool(tf.config.list_physical_devices("GPU")) or cpu.has_bf16_units()
@@ -53,7 +54,7 @@ def device_has_bf16() -> bool:
 
 def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> float:
     """Global samples/s of ``steps`` training steps after ``warmup`` (the trainer's own timer)."""
-    from common.loop.callbacks import Throughput
+    from common.loop.callbacks import Throughput   # deferred: imports TensorFlow (--help answers without it)
 
     timer = Throughput(global_batch, 0.0, None, warmup_steps=warmup)
     history = model.fit(dataset, epochs=1, steps_per_epoch=warmup + steps, callbacks=[timer], verbose=0,
@@ -63,6 +64,7 @@ def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> fl
 
 def op_profile(model, dataset, steps: int, logdir: str, top: int = 12) -> dict:
     """Self time of ``steps`` training steps by op type and by op, from a TensorFlow profiler trace."""
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
     import tensorflow as tf
     from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
 
@@ -107,8 +109,8 @@ def profile_table(profile: dict) -> str:
 
 def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | None = None) -> dict:
     """The four measurements (peak, compute, input, end to end) for ``application``'s config, on ``dist``'s ranks."""
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
     import tensorflow as tf
-
     from common.loop.callbacks import state_variables
     from common.nn.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample, measure_matmul_flops
     from common.trainer import prepare_data, prepare_run
@@ -207,7 +209,7 @@ def main(argv=None) -> int:
     if not args.config:
         parser.error("--config is required")
     with exit_on_user_error():
-        from common import distributed
+        from common import distributed   # deferred: imports TensorFlow and Horovod, after the arguments are parsed
 
         if args.json:   # refused before the benchmark runs, not after
             outputs.check_replaceable(args.json, args.force)

@@ -207,6 +207,7 @@ def workload_from_config(config: str, overrides: list[str], rank_samples_per_sec
                          dataset_bytes: float = 0.0, sample_bytes: float | None = None) -> Workload:
     """The per-rank workload a training config describes (batch, FLOPs per sample, gradient bytes, precision), from
     the model the config builds."""
+    # deferred: imports TensorFlow; projections from a system file need none
     from common.nn.flops import TRAINING_FLOPS_FACTOR
     from common.trainer import describe_model
 
@@ -287,7 +288,7 @@ def published_points() -> list[dict]:
 
 def plot(rows: list[dict], title: str, out_png, force: bool = False) -> None:
     """Samples/s and parallel efficiency against nodes, written to ``out_png`` through the guarded writer."""
-    import matplotlib
+    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -52,12 +52,13 @@ def main(argv=None) -> int:
                 print(f"export {key}={shlex.quote(value)}")
             print(f"STAGE_DIR={shlex.quote(getattr(cfg.data, 'stage_dir', None) or '')}")
             return 0
+        # deferred: TensorFlow and Horovod; `env` (run inside the batch script) must not load them
         from common import distributed
 
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
                                 groups=cfg.distributed.groups)
         logs.configure(dist.rank, dist.size, ("common", application.package))
-        from common.trainer import prepare_data
+        from common.trainer import prepare_data   # deferred: imports TensorFlow, after the arguments are parsed
 
         datasets = prepare_data(application, cfg, dist)   # the trainer's own: staging happens as it reads
         dist.barrier()
