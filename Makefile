@@ -4,8 +4,10 @@
 
 PYTHON_BIN ?= python3.11
 VENV       ?= .venv
-# GPU clusters: make setup TF_PACKAGE='tensorflow[and-cuda]==2.21.0' HOROVOD_GPU=1
-TF_PACKAGE ?= tensorflow-cpu==2.21.0
+# GPU clusters: make setup TF_PACKAGE='$(TF_GPU_PACKAGE)' HOROVOD_GPU=1 (the recipe `make check-gpu-build` runs)
+TF_VERSION     := 2.21.0
+TF_PACKAGE     ?= tensorflow-cpu==$(TF_VERSION)
+TF_GPU_PACKAGE ?= tensorflow[and-cuda]==$(TF_VERSION)
 HOROVOD_GPU ?= 0
 NP         ?= 2
 DEMO_DIR   ?= runs/demo
@@ -17,7 +19,7 @@ STAMP := $(VENV)/.setup-complete
 JAX_VENV  ?= .venv-jax
 JAX_STAMP := $(JAX_VENV)/.setup-complete
 
-.PHONY: setup setup-jax demo demo-hep demo-climate demo-detect test bench clean-runs setup-cluster
+.PHONY: setup setup-jax check-gpu-build demo demo-hep demo-climate demo-detect test bench clean-runs setup-cluster
 
 setup: $(STAMP)
 
@@ -45,6 +47,26 @@ $(JAX_STAMP): $(STAMP)
 	$(JAX_VENV)/bin/python -m pip install --quiet "jax[cpu]" "keras==$$($(PY) -c 'import keras; print(keras.__version__)')" \
 	    numpy pydantic pyyaml
 	@touch $@
+
+# The GPU build, compiled and imported on any machine (no GPU needed; not part of `make test`: it downloads
+# about 3 GB of CUDA wheels into $(GPU_VENV), 6.3 GB installed): TensorFlow's CUDA build, Horovod with NCCL (and
+# MPI) for compute capabilities $(CUDA_CC_LIST), its wheel cached by variant, then the pinned build line and one
+# CosmoFlow demo training step on 2 Gloo ranks on the CPU with that TensorFlow.  docs/clusters.md, "The GPU build".
+GPU_VENV     ?= .venv-gpu
+CUDA_CC_LIST ?= 80,90
+GPU_PY       := $(GPU_VENV)/bin/python
+check-gpu-build:
+	@test -x $(GPU_PY) || $(PYTHON_BIN) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install --quiet --upgrade pip wheel setuptools
+	$(GPU_PY) -m pip install --quiet "$(TF_GPU_PACKAGE)"
+	$(GPU_PY) -m pip install --quiet -e ".[test]"
+	PYTHON=$(GPU_PY) HOROVOD_GPU=1 HOROVOD_BUILD_CUDA_CC_LIST=$(CUDA_CC_LIST) bash scripts/build_horovod.sh
+	$(GPU_PY) -m common.tools.build_info --require-gpu-build
+	PATH=$(abspath $(GPU_VENV))/bin:$$PATH horovodrun -np 2 -H localhost:2 --gloo \
+	    $(GPU_PY) -m cosmoflow.train --config configs/cosmoflow/demo.yaml --set data.data_dir=data/gpu-build-check \
+	    --set data.mock.n_train=16 --set data.mock.n_valid=16 --set train.epochs=1 --set mlperf.enabled=false \
+	    --output-dir runs/gpu-build-check --force
+	@$(GPU_PY) -m common.tools.build_info
 
 # The CosmoFlow demo: mock universes generated once into data/, then training
 # on $(NP) Horovod ranks (Gloo, CPU), then evaluation.

@@ -229,6 +229,20 @@ class HorovodDistributed(Distributed):
 _CURRENT: Distributed | None = None
 
 
+def horovod_build() -> dict | None:
+    """What the installed Horovod was built with: ``{"version", "nccl_built", "mpi_built", "gloo_built"}``, or
+    None when Horovod is not importable (an import error of a broken build, such as an undefined symbol, is
+    raised: TensorFlow loads Horovod's op library at import)."""
+    try:
+        # deferred: Horovod is optional for one process
+        import horovod
+        import horovod.tensorflow as hvd_module
+    except ModuleNotFoundError:
+        return None
+    return {"version": horovod.__version__, "nccl_built": bool(hvd_module.nccl_built()),
+            "mpi_built": bool(hvd_module.mpi_built()), "gloo_built": bool(hvd_module.gloo_built())}
+
+
 def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = True, groups: int = 1) -> Distributed:
     """Start the distributed backend once per process and return it.
 
