@@ -18,7 +18,8 @@ convolutions (which TensorFlow cannot dilate) and CPUs running TensorFlow's
 Eigen kernels (oneDNN off: ``TF_ENABLE_ONEDNN_OPTS=0``, a build without
 oneDNN, aarch64), which have no gradient for a dilated ``tf.nn.conv2d``
 ("Current CPU implementations do not yet support dilation rates larger than
-1"), take Keras's own path: the same convolution, slower.
+1"), take Keras's own path: the same convolution, slower.  So do dtypes that
+oneDNN leaves to Eigen on this CPU (bfloat16 without bf16 support: AVX2).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class DilatedConv2D(keras.layers.Conv2D):
 
     def convolution_op(self, inputs, kernel):
         native = (max(self.dilation_rate) > 1 and max(self.strides) == 1 and self.groups == 1
-                  and self.data_format == "channels_last" and native_dilated_conv_trains())
+                  and self.data_format == "channels_last"
+                  and native_dilated_conv_trains(keras.backend.standardize_dtype(inputs.dtype)))
         if not native:
             return super().convolution_op(inputs, kernel)
         import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
@@ -49,13 +51,27 @@ class DilatedConv2D(keras.layers.Conv2D):
 
 
 @functools.cache
-def native_dilated_conv_trains() -> bool:
-    """Whether a dilated ``tf.nn.conv2d`` has gradient kernels here: oneDNN on the CPU, or a GPU (cuDNN)."""
+def native_dilated_conv_trains(dtype: str = "float32") -> bool:
+    """Whether a dilated ``tf.nn.conv2d`` in ``dtype`` has gradient kernels here: cuDNN on a GPU, oneDNN on
+    the CPU for the dtypes it runs itself.  oneDNN hands a dtype it has no kernels for on this CPU to Eigen
+    (bfloat16 on a CPU without bf16 support, such as an AVX2 one), and Eigen has no dilated gradient, so the
+    answer is found by trying a tiny one, once per dtype (outside any graph being traced)."""
     if keras.backend.backend() != "tensorflow":
         return False
     import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
 
-    return onednn_enabled() or bool(tf.config.list_physical_devices("GPU"))
+    if not (onednn_enabled() or tf.config.list_physical_devices("GPU")):
+        return False
+    # The two kernels a dilated convolution's gradient runs, called directly (init_scope pauses gradient tapes).
+    with tf.init_scope():
+        x, kernel = tf.ones((1, 5, 5, 1), dtype), tf.ones((3, 3, 1, 1), dtype)
+        setting = {"strides": [1, 1, 1, 1], "padding": "SAME", "dilations": [1, 2, 2, 1]}
+        try:
+            tf.raw_ops.Conv2DBackpropInput(input_sizes=[1, 5, 5, 1], filter=kernel, out_backprop=x, **setting)
+            tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=[3, 3, 1, 1], out_backprop=x, **setting)
+        except tf.errors.OpError:
+            return False
+    return True
 
 
 # FusedBatchNormV3 clamps epsilon below this.
