@@ -140,36 +140,52 @@ def run_train(package: str, argv=None) -> int:
             from common.distributed import launched_world_size
             from common.trainer import describe_model
 
-            print(json.dumps(describe_model(app, cfg, launched_world_size())), flush=True)
+            ranks = max(1, launched_world_size() // cfg.distributed.instances)   # one instance's ranks
+            print(json.dumps(describe_model(app, cfg, ranks)), flush=True)
             return 0
 
         # deferred: TensorFlow and Horovod load only once arguments and config are checked
         from common import distributed
-        from common.trainer import train
+        from common.instances import run_instances
 
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
-                                groups=cfg.distributed.groups)
-        logs.configure(dist.rank, dist.size, ("common", app.package))
+                                groups=cfg.distributed.groups, instances=cfg.distributed.instances)
         output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
-        try:
-            train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak, force=args.force,
-                  stop_request=stop_request)
-        except Preempted as exc:
-            if dist.is_root:
-                print(f"preempted: {exc}; rerun with --resume (exit {EXIT_PREEMPTED})", file=sys.stderr, flush=True)
-            return EXIT_PREEMPTED
-        except NonFiniteLoss as exc:
-            if dist.is_root:
-                print(f"error: {exc}; {nonfinite_outcome(exc, output_dir)} (check the data with "
-                      "python -m common.tools.check_data, or lower the learning rate)", file=sys.stderr, flush=True)
-            else:
-                print(f"error: rank {dist.rank}: {exc}", file=sys.stderr, flush=True)
-            return EXIT_NONFINITE
-        except UserInputError:
-            raise
-        except Exception as exc:
-            traceback.print_exc()
-            print(f"error: rank {dist.rank} of {dist.size} failed: {type(exc).__name__}: {exc}",
-                  file=sys.stderr, flush=True)
-            return EXIT_FAILURE
-    return 0
+
+        def train_one(app, cfg, dist, run_dir):
+            return _train_and_report(app, cfg, dist, run_dir, args, stop_request)
+
+        if cfg.distributed.instances > 1:
+            return run_instances(app, cfg, dist, output_dir, train_one, resume=args.resume, force=args.force)
+        logs.configure(dist.rank, dist.size, ("common", app.package))
+        return train_one(app, cfg, dist, output_dir)[0]
+
+
+def _train_and_report(app, cfg, dist, output_dir, args, stop_request) -> tuple[int, dict | None, str | None]:
+    """One run (or one instance's): (exit code, the summary on success, the reason it stopped otherwise)."""
+    # deferred: imports TensorFlow, after the arguments are parsed
+    from common.trainer import train
+
+    try:
+        summary = train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak,
+                        force=args.force, stop_request=stop_request)
+    except Preempted as exc:
+        if dist.is_root:
+            print(f"preempted: {exc}; rerun with --resume (exit {EXIT_PREEMPTED})", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED, None, f"preempted: {exc}"
+    except NonFiniteLoss as exc:
+        outcome = nonfinite_outcome(exc, output_dir) if dist.is_root else None
+        if dist.is_root:
+            print(f"error: {exc}; {outcome} (check the data with python -m common.tools.check_data, or lower the "
+                  "learning rate)", file=sys.stderr, flush=True)
+        else:
+            print(f"error: rank {dist.rank}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_NONFINITE, None, f"{exc}; {outcome}" if outcome else str(exc)
+    except UserInputError:
+        raise
+    except Exception as exc:
+        traceback.print_exc()
+        print(f"error: rank {dist.rank} of {dist.size} failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+        return EXIT_FAILURE, None, f"{type(exc).__name__}: {exc}"
+    return 0, summary, None

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 import pydantic
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
-                      ValidationInfo, field_validator)
+                      ValidationInfo, field_validator, model_validator)
 
 from common.errors import ConfigError
 from common.storage.outputs import write_text
@@ -180,6 +180,26 @@ class DistributedSection(Section):
     hierarchical_allreduce: bool = Field(False, description="HOROVOD_HIERARCHICAL_ALLREDUCE (intra-node, then inter)")
     groups: PositiveInt = Field(1, description="synchronous groups of ranks, asynchronous across groups (SC17)")
     exchange_every: PositiveInt = Field(10, description="steps between weight exchanges across groups")
+    instances: PositiveInt = Field(1, description="independent models trained at once, each on ranks / instances "
+                                                  "contiguous ranks with train.seed + k, in <output-dir>/instance-<k>")
+    instance_overrides: list[dict[str, Any]] = Field(
+        default_factory=list, description="one mapping of key path -> value per instance (a sweep), applied "
+                                          "after train.seed + k: [{optimizer.learning_rate: 0.001}, ...]")
+
+    @model_validator(mode="after")
+    def _instances_fit(self):
+        if self.instance_overrides and len(self.instance_overrides) != self.instances:
+            raise ValueError(f"distributed.instance_overrides has {len(self.instance_overrides)} entries for "
+                             f"distributed.instances={self.instances}: give one mapping per instance")
+        if self.instances > 1 and self.groups > 1:
+            raise ValueError("distributed.instances and distributed.groups cannot be combined: each instance "
+                             "is one synchronous group")
+        for overrides in self.instance_overrides:
+            for key in overrides:
+                if key.split(".")[0] == "distributed":
+                    raise ValueError(f"distributed.instance_overrides: {key!r}: an instance cannot change the "
+                                     "distributed section (every instance shares the job's ranks)")
+        return self
 
 
 class MlperfSection(Section):
@@ -228,15 +248,28 @@ def apply_overrides(raw: dict, overrides: list[str] | None) -> dict:
     result = copy.deepcopy(raw)
     for text in overrides or []:
         parts, value = parse_override(text)
-        node = result
-        for depth, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                path = ".".join(parts[: depth + 1])
-                raise ConfigError(f"--set {text!r}: {path} is a value, not a section")
-            node = child
-        node[parts[-1]] = value
+        _set_path(result, parts, value, f"--set {text!r}")
     return result
+
+
+def apply_values(raw: dict, values: dict[str, Any], source: str) -> dict:
+    """Return a copy of ``raw`` with each ``{"a.b": value}`` set (values already parsed, as YAML gives them)."""
+    result = copy.deepcopy(raw)
+    for key, value in values.items():
+        parts = str(key).split(".")
+        if any(not p for p in parts):
+            raise ConfigError(f"{source}: empty component in key path {key!r}")
+        _set_path(result, parts, copy.deepcopy(value), f"{source}: {key!r}")
+    return result
+
+
+def _set_path(node: dict, parts: list[str], value, where: str) -> None:
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{where}: {'.'.join(parts[: depth + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
 
 
 def _format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
@@ -292,6 +325,19 @@ def load_config(schema: type[ConfigT], path: str | pathlib.Path | None,
     if overrides:
         source += " (with --set overrides)"
     return validate(schema, apply_overrides(raw, overrides), source)
+
+
+def instance_configs(schema: type[ConfigT], cfg: ConfigT) -> list[ConfigT]:
+    """The config of each of ``cfg.distributed.instances`` instances: ``train.seed + k``, then the instance's
+    ``distributed.instance_overrides`` entry; each validated (a ConfigError names the instance and the key)."""
+    raw = config_to_dict(cfg)
+    out = []
+    for k in range(cfg.distributed.instances):
+        source = f"distributed.instance_overrides[{k}]"
+        values = {"train.seed": cfg.train.seed + k, **(cfg.distributed.instance_overrides[k]
+                                                      if cfg.distributed.instance_overrides else {})}
+        out.append(validate(schema, apply_values(raw, values, source), f"instance {k} ({source})"))
+    return out
 
 
 def config_to_dict(cfg: BaseModel) -> dict:

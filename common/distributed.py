@@ -70,6 +70,9 @@ class Distributed:
         # Hybrid mode (SC17): synchronous groups of contiguous ranks, asynchronous across groups.
         self.groups, self.group_size, self.group_index, self.group_root = 1, 1, 0, 0
         self.is_group_leader = True
+        # Instances (distributed.instances): independent models on contiguous ranks.  rank and size above are
+        # this instance's; world_rank and world_size the job's.
+        self.instances, self.instance_index, self.world_rank, self.world_size = 1, 0, 0, 1
 
     @property
     def is_root(self) -> bool:
@@ -121,7 +124,14 @@ class Distributed:
         """Copy the values of Keras (or tf) variables from ``root_rank`` to all (not the dropout seed state)."""
 
     def barrier(self) -> None:
-        """Return when every rank has got here."""
+        """Return when every rank (of this instance) has got here."""
+
+    def world_barrier(self) -> None:
+        """Return when every rank of the job, every instance's, has got here."""
+
+    def world_allgather_object(self, obj) -> list:
+        """A picklable Python object from every rank of the job, as a list indexed by world rank."""
+        return [obj]
 
 
 class HorovodDistributed(Distributed):
@@ -129,10 +139,18 @@ class HorovodDistributed(Distributed):
 
     backend = "horovod"
 
-    def __init__(self, hvd, groups: int = 1, process_sets=None):
+    def __init__(self, hvd, groups: int = 1, process_sets=None, instances: int = 1, instance_set=None):
         super().__init__()
         self._hvd = hvd
-        self.rank, self.size = hvd.rank(), hvd.size()
+        self.world_rank, self.world_size = hvd.rank(), hvd.size()
+        # With instances, every collective below stays inside this instance's process set; Horovod names the
+        # root of a broadcast by its world rank, hence the offset.
+        self.instances = instances
+        self.size = self.world_size // instances
+        self.instance_index = self.world_rank // self.size
+        self._offset = self.instance_index * self.size
+        self.rank = self.world_rank - self._offset
+        self._instance_set = instance_set
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self.controller = "mpi" if hvd.mpi_enabled() else "gloo"
         self.groups = groups
@@ -142,6 +160,10 @@ class HorovodDistributed(Distributed):
         self.is_group_leader = self.rank == self.group_root
         self._group_set, self._leaders_set = process_sets if process_sets else (None, None)
         self._exchanger = None
+
+    def _everyone(self) -> dict:
+        """The process set of "every rank": this instance's, or Horovod's global one."""
+        return {"process_set": self._instance_set} if self._instance_set is not None else {}
 
     def allreduce_gradients(self, gradients, compression: str = "none"):
         """Gradients averaged over the ranks of this group (sparse ones made dense, ``None`` kept), in one grouped
@@ -160,14 +182,14 @@ class HorovodDistributed(Distributed):
         return out
 
     def _within_group(self) -> dict:
-        return {"process_set": self._group_set} if self._group_set is not None else {}
+        return {"process_set": self._group_set} if self._group_set is not None else self._everyone()
 
     def allreduce(self, value, average: bool = True, name: str | None = None, group_only: bool = False):
         """``value`` averaged (or summed) over every rank, or only over this rank's group with ``group_only``."""
         if group_only and self.group_size == 1:
             return tf.convert_to_tensor(value)
         op = self._hvd.Average if average else self._hvd.Sum
-        scope = self._within_group() if group_only else {}
+        scope = self._within_group() if group_only else self._everyone()
         return self._hvd.allreduce(tf.convert_to_tensor(value), op=op, name=name, **scope)
 
     def start_leader_average(self, arrays: list[np.ndarray], name: str):
@@ -192,8 +214,8 @@ class HorovodDistributed(Distributed):
         """``variables`` set to the group root's values on every rank of this group."""
         if self.group_size == 1:
             return
-        self._hvd.broadcast_variables([getattr(v, "value", v) for v in variables], root_rank=self.group_root,
-                                      process_set=self._group_set)
+        self._hvd.broadcast_variables([getattr(v, "value", v) for v in variables],
+                                      root_rank=self._offset + self.group_root, process_set=self._group_set)
 
     def average_scalars(self, values: dict[str, float]) -> dict[str, float]:
         """Each named scalar averaged over every rank, in one float64 allreduce (keys sorted, so every rank agrees)."""
@@ -201,29 +223,37 @@ class HorovodDistributed(Distributed):
             return {}
         keys = sorted(values)
         vector = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
-        averaged = self._hvd.allreduce(vector, op=self._hvd.Average, name="average_scalars").numpy()
+        averaged = self._hvd.allreduce(vector, op=self._hvd.Average, name="average_scalars",
+                                       **self._everyone()).numpy()
         return {k: float(v) for k, v in zip(keys, averaged)}
 
     def sum_array(self, array: np.ndarray) -> np.ndarray:
         """``array`` summed element-wise over every rank."""
-        return self._hvd.allreduce(tf.convert_to_tensor(array), op=self._hvd.Sum, name="sum_array").numpy()
+        return self._hvd.allreduce(tf.convert_to_tensor(array), op=self._hvd.Sum, name="sum_array",
+                                   **self._everyone()).numpy()
 
     def broadcast_object(self, obj, root_rank: int = 0):
-        return self._hvd.broadcast_object(obj, root_rank=root_rank)
+        return self._hvd.broadcast_object(obj, root_rank=self._offset + root_rank, **self._everyone())
 
     def allgather_object(self, obj) -> list:
-        return self._hvd.allgather_object(obj)
+        return self._hvd.allgather_object(obj, **self._everyone())
 
     def broadcast_variables(self, variables, root_rank: int = 0) -> None:
         """``variables`` set to ``root_rank``'s values on every rank, except the dropout seed state (each rank keeps
         its own)."""
         raw = [getattr(v, "value", v) for v in variables if SEED_STATE_MARKER not in getattr(v, "path", v.name)]
         if raw:
-            self._hvd.broadcast_variables(raw, root_rank=root_rank)
+            self._hvd.broadcast_variables(raw, root_rank=self._offset + root_rank, **self._everyone())
 
     def barrier(self) -> None:
         # horovod.tensorflow has no barrier op; a tiny allreduce is one.
-        self._hvd.allreduce(tf.constant(0.0), op=self._hvd.Sum, name="barrier")
+        self._hvd.allreduce(tf.constant(0.0), op=self._hvd.Sum, name="barrier", **self._everyone())
+
+    def world_barrier(self) -> None:
+        self._hvd.allreduce(tf.constant(0.0), op=self._hvd.Sum, name="world_barrier")
+
+    def world_allgather_object(self, obj) -> list:
+        return self._hvd.allgather_object(obj, name="world_allgather_object")
 
 
 _CURRENT: Distributed | None = None
@@ -243,7 +273,8 @@ def horovod_build() -> dict | None:
             "mpi_built": bool(hvd_module.mpi_built()), "gloo_built": bool(hvd_module.gloo_built())}
 
 
-def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = True, groups: int = 1) -> Distributed:
+def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = True, groups: int = 1,
+         instances: int = 1) -> Distributed:
     """Start the distributed backend once per process and return it.
 
     Horovod is used when a launcher says the world has more than one rank or
@@ -255,6 +286,10 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
 
     ``groups > 1`` registers Horovod process sets: each group of size / groups
     contiguous ranks, and the set of group leaders (every group's first rank).
+
+    ``instances > 1`` registers one process set per instance (size / instances
+    contiguous ranks) and returns this rank's instance as "every rank": rank,
+    size and every collective are the instance's; ``world_*`` are the job's.
     """
     global _CURRENT
     if _CURRENT is not None:
@@ -271,14 +306,14 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
                 f"launched as {launched} ranks but Horovod is not importable ({exc}); run `make setup`") from None
         warnings.warn("Horovod is not importable; running as a single process", RuntimeWarning, stacklevel=2)
         hvd_module = None
-    process_sets = None
+    process_sets, instance_set = None, None
     if hvd_module is not None and (launched > 1 or "HOROVOD_RANK" in os.environ):
-        if groups > 1:
-            if launched % groups:
-                raise UserInputError(f"distributed.groups={groups} does not divide the {launched} ranks")
-            group_size = launched // groups
-            group_sets = [hvd_module.ProcessSet(list(range(g * group_size, (g + 1) * group_size)))
-                          for g in range(groups)]
+        if instances > 1:
+            instance_size, instance_sets = _contiguous_sets(hvd_module, launched, instances, "instances")
+            hvd_module.init(process_sets=instance_sets)
+            instance_set = instance_sets[hvd_module.rank() // instance_size]
+        elif groups > 1:
+            group_size, group_sets = _contiguous_sets(hvd_module, launched, groups, "groups")
             leaders_set = hvd_module.ProcessSet([g * group_size for g in range(groups)])
             hvd_module.init(process_sets=[*group_sets, leaders_set] if group_size > 1 else [leaders_set])
             rank = hvd_module.rank()
@@ -289,14 +324,26 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
         hvd = hvd_module
     elif groups > 1:
         raise UserInputError(f"distributed.groups={groups} needs at least {groups} Horovod ranks")
+    elif instances > 1:
+        raise UserInputError(f"distributed.instances={instances} needs at least {instances} Horovod ranks "
+                             f"(launch with horovodrun -np N, srun or mpirun)")
 
     local_size = hvd.local_size() if hvd is not None else _local_size_hint() if launched > 1 else 1
     _configure_threads(intra_op_threads, inter_op_threads, local_size)
-    dist = HorovodDistributed(hvd, groups=groups, process_sets=process_sets) if hvd is not None else Distributed()
+    dist = (HorovodDistributed(hvd, groups=groups, process_sets=process_sets, instances=instances,
+                               instance_set=instance_set) if hvd is not None else Distributed())
     if pin_gpu:
         _pin_gpu(dist.local_rank)
     _CURRENT = dist
     return dist
+
+
+def _contiguous_sets(hvd_module, ranks: int, parts: int, key: str):
+    """(ranks per part, one Horovod process set of contiguous ranks per part); ``key`` names the config key."""
+    if ranks % parts:
+        raise UserInputError(f"distributed.{key}={parts} does not divide the {ranks} ranks")
+    size = ranks // parts
+    return size, [hvd_module.ProcessSet(list(range(k * size, (k + 1) * size))) for k in range(parts)]
 
 
 def _configure_threads(intra_op_threads: int, inter_op_threads: int, local_size: int) -> None:

@@ -449,6 +449,7 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
     _check_final_weights(network, dist)
     summary = _summary(app, cfg, dist, run, history, peak_flops_total, time.time() - started, first_epoch,
                        mlperf_callback)
+    summary["started_unix"] = started
     if precise_bn is not None:
         summary["precise_bn"] = precise_bn
     if dist.is_root:
@@ -573,6 +574,7 @@ def _summary(app: Application, cfg: AppConfig, dist: Distributed, run: Run, hist
     }
     if mlperf_callback is not None:
         summary["mlperf_target_reached"] = mlperf_callback.reached
+        summary["mlperf_time_to_target_s"] = mlperf_callback.reached_after_s   # this run's run_start; None: not reached
     return summary
 
 

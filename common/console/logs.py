@@ -23,11 +23,16 @@ class _Formatter(logging.Formatter):
         return self.prefix + message
 
 
-def configure(rank: int, size: int, packages: tuple[str, ...], stream=None) -> None:
+def configure(rank: int, size: int, packages: tuple[str, ...], stream=None, instance: int | None = None) -> None:
     """(Re)configure the loggers of ``packages`` (the engine's ``common`` and the running application's
-    package) for this process's rank.  Called by each entry point once it knows its rank."""
+    package) for this process's rank.  Called by each entry point once it knows its rank.  ``instance``:
+    the model this rank trains when a job trains several (``distributed.instances``); ``rank`` and ``size``
+    are then the instance's, and each instance's rank 0 logs at INFO."""
     handler = logging.StreamHandler(stream or sys.stdout)
-    handler.setFormatter(_Formatter(f"[{rank}/{size}] " if size > 1 else ""))
+    where = f"{rank}/{size}" if size > 1 else ""
+    if instance is not None:
+        where = f"instance {instance}" + (f" {where}" if where else "")
+    handler.setFormatter(_Formatter(f"[{where}] " if where else ""))
     for name in packages:
         logger = logging.getLogger(name)
         logger.handlers = [handler]

@@ -12,8 +12,10 @@ Check a log with::
 
 from __future__ import annotations
 
-import keras
 import logging
+import time
+
+import keras
 from mlperf_logging.mllog import constants
 from mlperf_logging.mllog.mllog import MLLogger
 
@@ -76,6 +78,8 @@ class MlperfCallback(keras.callbacks.Callback):
         self.target = target
         self.higher_is_better = higher_is_better
         self.reached = False
+        self.run_start_unix: float | None = None
+        self.reached_after_s: float | None = None   # run_start to the end of the first evaluation on target
         self._started = False
         self._finished = False
 
@@ -84,6 +88,7 @@ class MlperfCallback(keras.callbacks.Callback):
         if not self._started:
             self.log.end(constants.INIT_STOP)
             self.log.start(constants.RUN_START)
+            self.run_start_unix = time.time()
             self._started = True
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -98,6 +103,8 @@ class MlperfCallback(keras.callbacks.Callback):
             self.log.event(self.metric_key, value, metadata={"epoch_num": epoch + 1})
             self.log.end(constants.EVAL_STOP, metadata={"epoch_num": epoch + 1})
             hit = value >= self.target if self.higher_is_better else value <= self.target
+            if hit and not self.reached:
+                self.reached_after_s = time.time() - self.run_start_unix
             self.reached = self.reached or hit
 
     def finish(self, aborted: bool = False):

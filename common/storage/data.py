@@ -218,7 +218,10 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed) -> list[str
     files are ever replaced.
     """
     mine = files[dist.rank::dist.size]
-    target = pathlib.Path(stage_dir) / f"rank-{dist.rank}"
+    # Instances (distributed.instances) share a node's stage_dir: each rank of each instance has its own folder.
+    mine_name = (f"rank-{dist.rank}" if getattr(dist, "instances", 1) == 1
+                 else f"instance-{dist.instance_index}-rank-{dist.rank}")
+    target = pathlib.Path(stage_dir) / mine_name
     manifest_path = target / STAGE_MANIFEST
     staged: dict[str, dict] = {}
     if manifest_path.is_file():

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         from common import distributed
 
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
-                                groups=cfg.distributed.groups)
+                                groups=cfg.distributed.groups, instances=cfg.distributed.instances)
         logs.configure(dist.rank, dist.size, ("common", application.package))
         from common.trainer import prepare_data   # deferred: imports TensorFlow, after the arguments are parsed
 
