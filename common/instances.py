@@ -69,6 +69,8 @@ def run_instances(app, cfg, dist, output_dir, train_one, resume: bool = False, f
     if dist.world_rank == 0:
         outputs.write_json(output_dir / INSTANCES_JSON, report, f"{app.name}.train", force=force)
         print(table(report), flush=True)
+    # No rank leaves before the report is written: a launcher ends the whole job at the first non-zero exit.
+    dist.world_barrier()
     return job_exit_code([row["exit_code"] for row in report["instances"]])
 
 
