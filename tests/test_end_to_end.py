@@ -173,6 +173,21 @@ def test_mixed_bfloat16_and_measured_peak(tiny_cosmo_data, tmp_path):
     assert not any("dynamic_scale" in p for p in state["optimizer_paths"])   # no loss scaling for bfloat16
 
 
+def test_a_ratio_above_the_peak_is_flagged_not_reported_as_an_achievement():
+    from common.tools.bench import table
+
+    result = {"app": "cosmoflow", "ranks": 1, "batch_size": 1, "precision": "fp32", "forward_flops_per_sample": 1e9,
+              "cpu": {}, "peak_flops": 100e9, "peak_flops_bf16": None,
+              "peak_measurement": {"float32": {"rates": [80e9, 100e9], "size": 2048, "spread": 0.2}},
+              "compute": {"samples_per_second": 40.0, "flops_per_second": 120e9, "ratio_to_peak": 1.2,
+                          "peak_measurement_problem": True},
+              "input": {"samples_per_second": 50.0, "ratio_to_compute": 1.25},
+              "end_to_end": {"samples_per_second": 39.0, "ratio_to_compute": 0.975}}
+    text = table(result)
+    assert "ratio to peak 1.20 (above 1: a peak measured low" in text and "not a rate above the ceiling" in text
+    assert "best of 2 warm repetitions: fp32 at n=2048, spread 20%" in text
+
+
 def test_float16_without_gpu_is_a_config_error(tiny_cosmo_data, tmp_path):
     # Loss scaling itself is exercised on two ranks in test_horovod.py (a model with CPU float16 kernels).
     result = train(tiny_cosmo_data, tmp_path / "run", "--set", "train.precision=mixed_float16", check=False)
@@ -192,6 +207,12 @@ def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
     assert compute["flops_per_second"] == pytest.approx(compute["samples_per_second"] * 3
                                                         * report["forward_flops_per_sample"])
     assert compute["ratio_to_peak"] == pytest.approx(compute["flops_per_second"] / report["peak_flops"])
+    # The peak: the best of the warm repetitions, with their spread; one rank, so the total is that rate.
+    fp32 = report["peak_measurement"]["float32"]
+    assert len(fp32["rates"]) == 5 and report["peak_flops"] == max(fp32["rates"])
+    assert fp32["spread"] == pytest.approx((max(fp32["rates"]) - min(fp32["rates"])) / max(fp32["rates"]))
+    assert compute["peak_measurement_problem"] == (compute["ratio_to_peak"] > 1.0)
+    assert f"at n={fp32['size']}, spread" in result.stdout
     for section in ("input", "end_to_end"):
         assert report[section]["ratio_to_compute"] == pytest.approx(
             report[section]["samples_per_second"] / compute["samples_per_second"])

@@ -18,6 +18,8 @@ rates 24 and 36 on a 24x36 map: most taps are padding).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import time
 
@@ -118,24 +120,62 @@ def forward_flops_per_sample(model, inside_only: bool = False) -> int:
     return 2 * sum(layer_multiply_adds(layer, i, o, inside_only) for layer, i, o in _iter_calls(model))
 
 
-def measure_matmul_flops(dtype: str = "float32", size: int = 2048, seconds: float = 2.0) -> float:
-    """Achieved FLOP/s of a square matmul on this process's device (2 n^3 per product)."""
+@dataclasses.dataclass(frozen=True)
+class MatmulPeak:
+    """A square matmul's achieved rate on this process's device: the best of several warm repetitions at each
+    of several sizes (a single short timing on a shared machine reads low by up to a third)."""
+
+    flops: float                 # the peak: the best repetition at any size (FLOP/s, 2 n^3 per product)
+    size: int                    # the matrix size of that repetition
+    rates: tuple[float, ...]     # every timed repetition at that size (FLOP/s)
+    sizes: tuple[int, ...]       # the sizes tried
+
+    @property
+    def spread(self) -> float:
+        """(best - worst) / best over the repetitions at the peak's size: how steady the machine was."""
+        return (max(self.rates) - min(self.rates)) / max(self.rates)
+
+    def as_dict(self) -> dict:
+        return {"flops": self.flops, "size": self.size, "rates": list(self.rates), "sizes": list(self.sizes),
+                "spread": self.spread}
+
+
+@functools.cache
+def matmul_peak(dtype: str = "float32", sizes: tuple[int, ...] | None = None, repetitions: int = 5,
+                seconds: float = 0.25) -> MatmulPeak:
+    """The measured peak of ``dtype`` matmuls here, once per process (cached): at each size one warm-up
+    product, then ``repetitions`` timings of at least ``seconds`` each; the best timing is the peak.  Sizes
+    by default where the rate has reached its plateau: 1024 and 2048 on a CPU, 4096 and 8192 on a GPU."""
     import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
 
-    rng = np.random.default_rng(0)
-    a = tf.constant(rng.standard_normal((size, size)), dtype=dtype)
-    b = tf.constant(rng.standard_normal((size, size)), dtype=dtype)
+    if sizes is None:
+        sizes = (4096, 8192) if tf.config.list_physical_devices("GPU") else (1024, 2048)
 
     @tf.function
     def product(x, y):
         return tf.reduce_sum(tf.cast(tf.matmul(x, y)[:1, :1], tf.float32))
 
-    product(a, b).numpy()  # trace and warm up
-    repeats, start = 0, time.perf_counter()
-    while True:
-        product(a, b).numpy()
-        repeats += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds and repeats >= 3:
-            break
-    return 2.0 * size ** 3 * repeats / elapsed
+    rng = np.random.default_rng(0)
+    per_size = {}
+    for size in sizes:
+        a = tf.constant(rng.standard_normal((size, size)), dtype=dtype)
+        b = tf.constant(rng.standard_normal((size, size)), dtype=dtype)
+        product(a, b).numpy()   # trace and warm up
+        rates = []
+        for _ in range(repetitions):
+            count, start = 0, time.perf_counter()
+            while True:
+                product(a, b).numpy()
+                count += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= seconds:
+                    break
+            rates.append(2.0 * size ** 3 * count / elapsed)
+        per_size[size] = tuple(rates)
+    best_size = max(per_size, key=lambda n: max(per_size[n]))
+    return MatmulPeak(max(per_size[best_size]), best_size, per_size[best_size], tuple(sizes))
+
+
+def measure_matmul_flops(dtype: str = "float32") -> float:
+    """The peak FLOP/s of ``dtype`` matmuls on this process's device (:func:`matmul_peak`)."""
+    return matmul_peak(dtype).flops
