@@ -51,6 +51,8 @@ class CosmoDataSection(DataSection):
     augment: bool = Field(False, description="random flips and axis permutations (isotropy)")
     shuffle_buffer: NonNegativeInt = Field(0, description="sample shuffle buffer after reading (0: file shuffle only)")
     stage_dir: str | None = Field(None, description="copy each rank's files here (node-local SSD, /dev/shm) before training")
+    stage_decompress: bool = Field(False, description="with stage_dir and compression: gzip, stage the training "
+                                                      "files uncompressed (read without inflating; more bytes)")
     mock: MockSection = Field(default_factory=MockSection)
 
     @field_validator("target_names", "file_target_names")
@@ -66,6 +68,9 @@ class CosmoDataSection(DataSection):
             raise ValueError("data.target_offset and data.target_scale go together")
         if self.target_offset is not None and len(self.target_offset) != len(self.target_scale):
             raise ValueError("data.target_offset and data.target_scale need one value per file target each")
+        if self.stage_decompress and not (self.stage_dir and self.format == "tfrecord" and self.compression == "gzip"):
+            raise ValueError("data.stage_decompress needs data.stage_dir, data.format: tfrecord and "
+                             "data.compression: gzip (it stages GZIP TFRecords uncompressed)")
         return self
 
 

@@ -385,7 +385,7 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
 
 
 def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed, training: bool,
-             layout: Layout):
+             layout: Layout, compression: str | None = None):
     """(x as stored, y float32 in file order, file name) per sample for this rank, shuffled with ``seed``
     when training.
 
@@ -406,7 +406,8 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
         buffer_size = min(max(2 * math.prod(shape) + 1024, 256 << 10), 64 << 20)
 
         def read_file(name):
-            records = tf.data.TFRecordDataset(name, compression_type=_compression(data), buffer_size=buffer_size)
+            records = tf.data.TFRecordDataset(name, compression_type=_compression(data) if compression is None
+                                              else compression, buffer_size=buffer_size)
             # With on_bad_file: skip, damage found while reading (past the start-up checks) drops the rest of that file.
             records = records.ignore_errors(log_warning=True) if data.on_bad_file == "skip" else records
             return records.map(lambda record: (record, name))   # the file name travels with its samples
@@ -532,13 +533,16 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
     log.info(f"cosmoflow data: {data.data_dir}: {layout.describe()}; predicting {data.target_names}")
 
+    train_compression = data.compression
     if data.stage_dir and data.format == "tfrecord":
-        train_files = stage_files(train_files, data.stage_dir, dist)
+        train_files = stage_files(train_files, data.stage_dir, dist, decompress=data.stage_decompress)
+        train_compression = "none" if data.stage_decompress else data.compression
 
     def train_epoch(epoch):
         # A rank whose share is short of steps x batch (uneven files) reuses a few samples.
         seed_e = epoch_seed(seed, epoch)
-        records = _records(cfg, train_files, train_index, dist, seed_e, True, layout).repeat(2)
+        records = _records(cfg, train_files, train_index, dist, seed_e, True, layout,
+                           compression="GZIP" if train_compression == "gzip" else "").repeat(2)
         return _pipeline(cfg, records, training=True, seed=seed_e, layout=layout)
 
     valid_records = _records(cfg, valid_files, valid_index, dist, seed, False, layout).repeat(2)
@@ -546,7 +550,7 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     find_bad_file = None
     if data.format == "tfrecord":
         def find_bad_file():   # after a TF read error: re-read the files this rank reads, checksums and all
-            return first_bad_file(train_files + valid_files, data.compression)
+            return first_bad_file(train_files, train_compression) or first_bad_file(valid_files, data.compression)
     return Datasets(train_epoch=train_epoch, validation_batches=validation, steps_per_epoch=steps,
                     validation_steps=valid_steps, global_batch_size=data.batch_size * dist.size,
                     skipped_files=train_bad + valid_bad, find_bad_file=find_bad_file)

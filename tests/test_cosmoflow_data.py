@@ -1,5 +1,7 @@
 """CosmoFlow readers on files written here in the real formats (TFRecord, GZIP, HDF5)."""
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -152,6 +154,47 @@ def test_staging_copies_this_ranks_share(tmp_path):
     values = sorted(round(float(v), 6) for _, y in datasets.train_epoch(0).take(1) for v in y.numpy()[:, 0])
     originals = {round(float(s[1][0]), 6) for i, s in enumerate(make_samples(6, 8)) if i % 2 == 1}
     assert set(values) <= originals
+
+
+def test_staging_decompressed_gives_the_network_the_gzip_originals_values(tmp_path):
+    write_tfrecords(tmp_path / "train", make_samples(6, 8), gzip=True)
+    write_tfrecords(tmp_path / "validation", make_samples(4, 9), gzip=True)
+    copied, inflated = tmp_path / "stage-copied", tmp_path / "stage-inflated"
+    plain = build_datasets(config(tmp_path, compression="gzip", stage_dir=str(copied)), Distributed())
+    staged = build_datasets(config(tmp_path, compression="gzip", stage_dir=str(inflated), stage_decompress=True),
+                            Distributed())
+    # The inflated copies are plain TFRecords holding the originals' records, byte for byte.
+    for original in sorted((tmp_path / "train").glob("*.tfrecord.gz")):
+        copy = inflated / "rank-0" / original.name.removesuffix(".gz")
+        assert [r.numpy() for r in tf.data.TFRecordDataset(str(copy))] == \
+            [r.numpy() for r in tf.data.TFRecordDataset(str(original), compression_type="GZIP")]
+    manifest = json.loads((inflated / "rank-0" / ".hpc-dl-suite-staged.json").read_text())["files"]
+    assert all(entry["decompressed"] and entry["copy_size"] > entry["size"] for entry in manifest.values())
+    # Every batch of two epochs is the same as from the staged GZIP copies (same order, same values).
+    for epoch in (0, 1):
+        for (x1, y1), (x2, y2) in zip(plain.train_epoch(epoch).take(3), staged.train_epoch(epoch).take(3)):
+            np.testing.assert_array_equal(x1.numpy(), x2.numpy())
+            np.testing.assert_array_equal(y1.numpy(), y2.numpy())
+    # Staged again: reused, not re-inflated; staged copied instead: replaced by copies.
+    before = {p.name: p.stat().st_mtime_ns for p in (inflated / "rank-0").glob("*.tfrecord")}
+    build_datasets(config(tmp_path, compression="gzip", stage_dir=str(inflated), stage_decompress=True), Distributed())
+    assert before == {p.name: p.stat().st_mtime_ns for p in (inflated / "rank-0").glob("*.tfrecord")}
+
+
+def test_a_truncated_gzip_file_is_named_when_staging_inflates_it(tmp_path):
+    write_tfrecords(tmp_path / "train", make_samples(4, 8), gzip=True)
+    write_tfrecords(tmp_path / "validation", make_samples(2, 9), gzip=True)
+    victim = tmp_path / "train" / "part_0002.tfrecord.gz"
+    victim.write_bytes(victim.read_bytes()[:-20])   # the GZIP trailer and some data gone
+    cfg = config(tmp_path, compression="gzip", stage_dir=str(tmp_path / "stage"), stage_decompress=True,
+                 on_bad_file="fail")
+    with pytest.raises(DataError, match=rf"{victim}: .*(corrupt|truncated)"):
+        build_datasets(cfg, Distributed())
+
+
+def test_stage_decompress_needs_gzip_tfrecords_and_a_stage_dir(tmp_path):
+    with pytest.raises(Exception, match="data.stage_decompress needs data.stage_dir"):
+        config(tmp_path, compression="none", stage_dir=str(tmp_path / "s"), stage_decompress=True)
 
 
 @pytest.mark.parametrize("shape, dtype", [((6, 6, 6, 4), np.int16), ((6, 6, 6, 1), np.int16),

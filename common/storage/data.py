@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import logging
 import os
 import pathlib
 import re
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -206,16 +208,38 @@ def copy_with_crc32c(source: str, destination) -> int:
     return crc
 
 
-def stage_files(files: list[str], stage_dir: str, dist: Distributed) -> list[str]:
-    """Copy this rank's share of ``files`` to ``stage_dir/rank-<r>`` (parallel copies).
+def gunzip_with_crc32c(source: str, destination) -> int:
+    """Write ``source``'s GZIP stream inflated to ``destination``; the CRC-32C of the bytes written.  A corrupt
+    or truncated stream is a DataError naming ``source``."""
+    crc = 0
+    try:
+        with gzip.open(source, "rb") as reader, open(destination, "wb") as writer:
+            while chunk := reader.read(COPY_CHUNK_BYTES):
+                crc = google_crc32c.extend(crc, chunk)
+                writer.write(chunk)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{source}: not a complete GZIP stream ({type(exc).__name__}: {exc}); the file is corrupt "
+                        "or truncated (data.compression is gzip)") from None
+    return crc
+
+
+def staged_name(source: str, decompress: bool) -> str:
+    """The staged copy's name: the source's, less ``.gz`` when it is staged inflated."""
+    name = pathlib.Path(source).name
+    return name[: -len(".gz")] if decompress and name.endswith(".gz") else name
+
+
+def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress: bool = False) -> list[str]:
+    """Copy this rank's share of ``files`` to ``stage_dir/rank-<r>`` (parallel copies); with ``decompress``,
+    write each GZIP file inflated instead (what a reader then reads without a decompression step).
 
     Staged files keep a fixed rank assignment (rank r takes files r, r+size,
     ...).  A staged copy is reused only when its source is the same file as
-    when it was staged (:func:`source_identity`: path, inode, size, mtime) and
-    the copy has the recorded size; otherwise it is copied again.  The
-    manifest records each copy's source identity and CRC-32C.  A folder
-    holding files the manifest does not list is refused, and only listed
-    files are ever replaced.
+    when it was staged (:func:`source_identity`: path, inode, size, mtime), it
+    was staged the same way (copied or inflated) and the copy has the recorded
+    size; otherwise it is staged again.  The manifest records each copy's
+    source identity, the way, its size and CRC-32C.  A folder holding files the
+    manifest does not list is refused, and only listed files are ever replaced.
     """
     mine = files[dist.rank::dist.size]
     # Instances (distributed.instances) share a node's stage_dir: each rank of each instance has its own folder.
@@ -237,7 +261,7 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed) -> list[str
             raise DataError(f"{target}: data.stage_dir holds files this suite did not stage ({len(foreign)}: "
                             f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); choose another "
                             "data.stage_dir or empty it")
-    names = [pathlib.Path(source).name for source in mine]
+    names = [staged_name(source, decompress) for source in mine]
     if len(set(names)) != len(names):
         raise DataError(f"{stage_dir}: two training files of rank {dist.rank} share a name; staging needs unique names")
     try:
@@ -252,28 +276,31 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed) -> list[str
         if not isinstance(entry, dict) or not copy.is_file():
             return False   # not staged, or by a version of the suite that recorded only the source's path
         recorded = {k: entry.get(k) for k in identities[name]}
-        return recorded == identities[name] and copy.stat().st_size == entry["size"]
+        return (recorded == identities[name] and bool(entry.get("decompressed")) == decompress
+                and copy.stat().st_size == entry.get("copy_size", entry["size"]))
 
     fresh = {name for name in names if not current(name)}
     # Listed before copied (a killed copy leaves a listed, unfinished name, which the next run re-copies).
-    staged.update({name: {**identities[name], "crc32c": None} for name in fresh})
+    staged.update({name: {**identities[name], "decompressed": decompress, "crc32c": None, "copy_size": None}
+                   for name in fresh})
     write_json(manifest_path, {"files": staged}, "common.storage.data staging", force=True)
 
     def copy(source: str) -> tuple[str, str, int | None]:
-        name = pathlib.Path(source).name
+        name = staged_name(source, decompress)
         destination = target / name
         crc = None
         if name in fresh:
             with atomic_path(destination, force=True) as temporary:   # listed in the manifest: ours
-                crc = copy_with_crc32c(source, temporary)
+                crc = (gunzip_with_crc32c if decompress else copy_with_crc32c)(source, temporary)
         return name, str(destination), crc
 
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(mine)))) as pool:
         done = list(pool.map(copy, mine))
-    for name, _, crc in done:
+    for name, path, crc in done:
         if crc is not None:
-            staged[name]["crc32c"] = crc
+            staged[name].update(crc32c=crc, copy_size=os.stat(path).st_size)
     if fresh:
         write_json(manifest_path, {"files": staged}, "common.storage.data staging", force=True)
-        log.info(f"staged {len(fresh)} of {len(mine)} file(s) to {target}; {len(mine) - len(fresh)} reused")
+        how = "inflated" if decompress else "copied"
+        log.info(f"staged {len(fresh)} of {len(mine)} file(s) to {target} ({how}); {len(mine) - len(fresh)} reused")
     return [path for _, path, _ in done]
