@@ -67,6 +67,9 @@ class Application:
     default_config: pathlib.Path | None = None
     prepare_data: Callable[[Any], Any] | str | None = None   # rank 0, before the datasets are built
     check_data: Callable[[Any], tuple[int, list[str]]] | str | None = None  # cfg -> (files checked, problems)
+    # (cfg, samples) -> {"samples_per_second", "bytes_per_sample", ...}: the simplest one-core loop doing what
+    # the input pipeline does (common.tools.bench --input-only); None: no ceiling for this application yet
+    input_ceiling: Callable[[Any, int], dict] | str | None = None
     mlperf: MlperfSpec | None = None
 
     @property
@@ -75,7 +78,8 @@ class Application:
         return self.config_schema.__module__.split(".")[0]
 
     def __post_init__(self):
-        for field in ("build_model", "build_datasets", "loss", "metrics", "prepare_data", "check_data"):
+        for field in ("build_model", "build_datasets", "loss", "metrics", "prepare_data", "check_data",
+                      "input_ceiling"):
             object.__setattr__(self, field, _ref(getattr(self, field)))
 
 

@@ -24,6 +24,7 @@ APPLICATION = Application(
     default_config=REPO_ROOT / "configs" / "cosmoflow" / "demo.yaml",
     prepare_data="cosmoflow.mock:prepare_data",
     check_data="cosmoflow.data:check_data",
+    input_ceiling="cosmoflow.data:input_ceiling",
     mlperf=MlperfSpec(benchmark="cosmoflow", metric_key="eval_error", logs_key="val_mae", target=0.124,
                       hyperparameters=_mlperf_hyperparameters),
 )

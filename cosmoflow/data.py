@@ -30,6 +30,9 @@ import dataclasses
 import logging
 import math
 import pathlib
+import struct
+import time
+import zlib
 
 import h5py
 import numpy as np
@@ -644,3 +647,38 @@ def _check_tfrecord_fully(path: str, cfg: CosmoflowConfig, layouts: dict) -> Non
         check_record(record.numpy(), path, i, cfg, layout)
         x, y, _ = parse_example(record, shape, layout)
         _check_values(path, f"record {i}", x.numpy(), targets(y).numpy(), cfg.model.output_scale)
+
+
+def input_ceiling(cfg: CosmoflowConfig, samples: int) -> dict:
+    """The simplest loop that does what the input pipeline does for one training sample, in numpy on one core:
+    read the file, inflate it (GZIP), walk the TFRecord framing, parse the Example, int16 -> float32 and the
+    normalisation (log1p, or division by the mean).  ``samples`` of them (the training files cycled); what
+    ``common.tools.bench --input-only`` compares the pipeline with.  MLPerf's layout (``x`` as int16 bytes)."""
+    data = cfg.data
+    if data.format != "tfrecord":
+        return {"samples_per_second": None, "why_none": "the ceiling loop reads TFRecords (data.format: hdf5)"}
+    files = list_files(pathlib.Path(data.data_dir) / "train", TFRECORD_PATTERNS, "CosmoFlow train TFRecord")
+    done, checksum, start = 0, 0.0, time.perf_counter()
+    while done < samples:
+        for path in files:
+            with open(path, "rb") as handle:
+                raw = handle.read()
+            if data.compression == "gzip":
+                raw = zlib.decompress(raw, wbits=31)   # 31: a GZIP stream
+            position = 0
+            while position < len(raw) and done < samples:
+                (length,) = struct.unpack_from("<Q", raw, position)
+                payload = raw[position + 12: position + 12 + length]   # after the length and its CRC
+                position += 16 + length                                    # and the payload's CRC
+                feature = tf.train.Example.FromString(payload).features.feature
+                if "x" not in feature or not feature["x"].bytes_list.value:
+                    return {"samples_per_second": None, "why_none": f"{path}: not MLPerf's layout (x as bytes)"}
+                x = np.frombuffer(feature["x"].bytes_list.value[0], "<i2").astype(np.float32)
+                x = np.log1p(x) if data.apply_log else x / max(float(x.mean()), 1e-6)
+                checksum += float(x[0])
+                done += 1
+            if done >= samples:
+                break
+    seconds = time.perf_counter() - start
+    return {"samples_per_second": done / seconds, "samples": done, "seconds": seconds,
+            "bytes_per_sample": math.prod(data.sample_shape) * 2}

@@ -173,6 +173,48 @@ def test_mixed_bfloat16_and_measured_peak(tiny_cosmo_data, tmp_path):
     assert not any("dynamic_scale" in p for p in state["optimizer_paths"])   # no loss scaling for bfloat16
 
 
+def test_bench_input_only_against_the_ceiling_and_staged_inflated(tiny_cosmo_data, tmp_path):
+    from cosmoflow.config import MockSection
+    from cosmoflow.mock import generate_dataset
+
+    data = generate_dataset(tmp_path / "gz", 16, 8, 16, MockSection(box_size_mpc_h=128.0, seed=3),
+                            compression="gzip", progress=False, workers=1)
+    out, stage = tmp_path / "input.json", tmp_path / "stage"
+    args = ["-m", "common.tools.bench", "--config", DEMO, "--set", f"data.data_dir={data}", "--set",
+            "data.sample_shape=[16,16,16,4]", "--set", "data.compression=gzip", "--set", "data.batch_size=4",
+            "--set", "data.mock.generate_if_missing=false", "--steps", "3", "--input-only"]
+    result = run_python(args + ["--stage-decompressed", str(stage), "--json", str(out)])
+    report = json.loads(out.read_text())
+    i, staged = report["input"], report["staged"]
+    assert i["samples_per_second_per_core"] > 0 and i["samples_per_second_all_cores"] > 0
+    assert i["ratio_to_ceiling"] == pytest.approx(i["samples_per_second_per_core"]
+                                                  / i["ceiling_samples_per_second_per_core"])
+    assert i["bytes_per_sample"] == 16 * 16 * 16 * 4 * 2   # int16 voxels, inflated
+    assert staged["ratio_to_gzip_per_core"] == pytest.approx(staged["samples_per_second_per_core"]
+                                                             / i["samples_per_second_per_core"])
+    assert len(list((stage / "rank-0").glob("*.tfrecord"))) == 16 and "staged inflated" in result.stdout
+    # Nothing to inflate in plain TFRecords: one line, exit 2, before any timing.
+    plain = run_python(["-m", "common.tools.bench", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data),
+                        "--input-only", "--stage-decompressed", str(tmp_path / "s2")], check=False)
+    assert plain.returncode == 2 and "is not GZIP TFRecords" in plain.stderr
+    assert not (tmp_path / "s2").exists()
+
+
+def test_the_ceiling_loop_does_the_samples_it_is_asked_for(tmp_path):
+    from common.config import validate
+    from cosmoflow.config import CosmoflowConfig, MockSection
+    from cosmoflow.data import input_ceiling
+    from cosmoflow.mock import generate_dataset
+
+    data = generate_dataset(tmp_path / "gz", 4, 2, 8, MockSection(box_size_mpc_h=64.0, seed=1), compression="gzip",
+                            progress=False, workers=1)
+    cfg = validate(CosmoflowConfig, {"data": {"data_dir": str(data), "sample_shape": [8, 8, 8, 4],
+                                              "compression": "gzip"}}, "test")
+    ceiling = input_ceiling(cfg, 10)   # 4 files of one sample each, cycled
+    assert ceiling["samples"] == 10 and ceiling["bytes_per_sample"] == 8 * 8 * 8 * 4 * 2
+    assert ceiling["samples_per_second"] == pytest.approx(10 / ceiling["seconds"])
+
+
 def test_a_ratio_above_the_peak_is_flagged_not_reported_as_an_achievement():
     from common.tools.bench import table
 

@@ -42,6 +42,7 @@ import time
 from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
 from common.console import cpu, logs
+from common.errors import UserInputError
 from common.storage import outputs
 
 # Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
@@ -178,6 +179,86 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
     }
 
 
+def _input_rate(datasets, samples_per_step: int, steps: int, warmup: int, threads: int | None) -> float:
+    """Samples/s of this rank's training input pipeline alone (``steps`` batches after ``warmup``); ``threads``:
+    tf.data's private thread pool and intra-op parallelism (1: one core), None: TensorFlow's defaults."""
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
+    import tensorflow as tf
+
+    epochs = 1 + (warmup + steps) // datasets.steps_per_epoch
+    stream = datasets.train_stream(0, epochs + 1)
+    if threads is not None:
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = threads
+        options.threading.max_intra_op_parallelism = threads
+        stream = stream.with_options(options)
+    iterator = iter(stream)
+    for _ in range(warmup):
+        next(iterator)
+    start = time.perf_counter()
+    for _ in range(steps):
+        next(iterator)
+    return steps * samples_per_step / (time.perf_counter() - start)
+
+
+def input_only(application, cfg, dist, steps: int, warmup: int = 2, stage_decompressed: str | None = None) -> dict:
+    """The input pipeline alone at the config's sample size, on one core and on all, against the simplest
+    one-core loop doing the same work (the application's ``input_ceiling``); with ``stage_decompressed``,
+    also the pipeline reading the training files staged there inflated."""
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
+    from common.trainer import prepare_data
+
+    batch = cfg.data.batch_size
+    datasets = prepare_data(application, cfg, dist)
+    one_core = _input_rate(datasets, batch, steps, warmup, threads=1)
+    all_cores = _input_rate(datasets, batch, steps, warmup, threads=None)
+    ceiling = (application.input_ceiling(cfg, (warmup + steps) * batch) if application.input_ceiling is not None
+               else {"samples_per_second": None, "why_none": f"{application.name} has no input ceiling loop yet"})
+    ceiling_rate = ceiling.get("samples_per_second")
+    result = {
+        "app": application.name, "ranks": dist.size, "batch_size": batch, "cpu": cpu.describe(),
+        "data_dir": str(cfg.data.data_dir), "compression": getattr(cfg.data, "compression", None),
+        "augment": getattr(cfg.data, "augment", None),
+        "input": {"samples_per_second_per_core": one_core, "samples_per_second_all_cores": all_cores,
+                  "cores": cpu.describe()["cpus_available"],
+                  "ceiling_samples_per_second_per_core": ceiling_rate,
+                  "ratio_to_ceiling": one_core / ceiling_rate if ceiling_rate else None,
+                  "bytes_per_sample": ceiling.get("bytes_per_sample"),
+                  **({"ceiling_why_none": ceiling["why_none"]} if "why_none" in ceiling else {})},
+    }
+    if stage_decompressed:
+        if not ("stage_decompress" in type(cfg.data).model_fields and getattr(cfg.data, "compression", "") == "gzip"
+                and cfg.data.format == "tfrecord"):
+            raise UserInputError(f"--stage-decompressed: {application.name}'s data in {cfg.data.data_dir} is not "
+                                 "GZIP TFRecords (data.format: tfrecord, data.compression: gzip); nothing to inflate")
+        staged_cfg = cfg.model_copy(deep=True)
+        staged_cfg.data.stage_dir = stage_decompressed
+        staged_cfg.data.stage_decompress = True
+        staged = prepare_data(application, staged_cfg, dist)
+        rate = _input_rate(staged, batch, steps, warmup, threads=1)
+        result["staged"] = {"stage_dir": stage_decompressed, "samples_per_second_per_core": rate,
+                            "ratio_to_gzip_per_core": rate / one_core}
+    return result
+
+
+def input_table(result: dict) -> str:
+    """An :func:`input_only` result as the lines the command prints."""
+    i = result["input"]
+    rate = lambda x: f"{x:9.2f}" if x else "        -"  # noqa: E731
+    lines = [f"{result['app']}: input pipeline alone, batch {result['batch_size']}, {result['data_dir']} "
+             f"(compression {result['compression']}, augment {result['augment']})",
+             f"  cpu              {cpu.one_line(result['cpu'])}",
+             f"  pipeline         {rate(i['samples_per_second_per_core'])} samples/s on 1 core, "
+             f"{rate(i['samples_per_second_all_cores'])} on all {i['cores']}",
+             f"  ceiling loop     {rate(i['ceiling_samples_per_second_per_core'])} samples/s on 1 core"
+             + (f" (ratio {i['ratio_to_ceiling']:.2f})" if i["ratio_to_ceiling"] else f" ({i.get('ceiling_why_none')})")]
+    if "staged" in result:
+        st = result["staged"]
+        lines.append(f"  staged inflated  {rate(st['samples_per_second_per_core'])} samples/s on 1 core "
+                     f"({st['ratio_to_gzip_per_core']:.2f}x the GZIP files)")
+    return "\n".join(lines)
+
+
 def spread_note(measurements: dict) -> str:
     """`` (best of 5 warm repetitions: fp32 at n=2048, spread 3%; ...)``: how the peaks were measured."""
     if not measurements:
@@ -225,6 +306,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the result here (a new file, or one this suite wrote)")
     parser.add_argument("--force", action="store_true", help="replace a --json file this suite did not write")
     parser.add_argument("--profile", metavar="DIR", help="also trace compute steps here and print the op times")
+    parser.add_argument("--input-only", action="store_true",
+                        help="time the input pipeline alone (1 core and all) against the simplest loop's ceiling")
+    parser.add_argument("--stage-decompressed", metavar="DIR",
+                        help="with --input-only: also stage the training files to DIR inflated and time reading them")
     args = parser.parse_args(argv)
     if args.compare:
         one, other = (json.load(open(path)) for path in args.compare)
@@ -234,6 +319,8 @@ def main(argv=None) -> int:
         return 0
     if not args.config:
         parser.error("--config is required")
+    if args.stage_decompressed and not args.input_only:
+        parser.error("--stage-decompressed goes with --input-only")
     with exit_on_user_error():
         from common import distributed   # deferred: imports TensorFlow and Horovod, after the arguments are parsed
 
@@ -250,10 +337,13 @@ def main(argv=None) -> int:
         cfg = load_config(application.config_schema, args.config, overrides)
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
         logs.configure(dist.rank, dist.size, ("common", application.package))
-        profile_dir = args.profile and (args.profile if dist.size == 1 else f"{args.profile}/rank{dist.rank}")
-        result = run(application, cfg, dist, args.steps, profile_dir=profile_dir)
+        if args.input_only:
+            result = input_only(application, cfg, dist, args.steps, stage_decompressed=args.stage_decompressed)
+        else:
+            profile_dir = args.profile and (args.profile if dist.size == 1 else f"{args.profile}/rank{dist.rank}")
+            result = run(application, cfg, dist, args.steps, profile_dir=profile_dir)
     if dist.is_root:
-        print(table(result), flush=True)
+        print(input_table(result) if args.input_only else table(result), flush=True)
         if args.json:
             with exit_on_user_error():
                 outputs.write_json(args.json, result, "common.tools.bench", args.force)
