@@ -193,6 +193,20 @@ def test_bench_input_only_against_the_ceiling_and_staged_inflated(tiny_cosmo_dat
     assert staged["ratio_to_gzip_per_core"] == pytest.approx(staged["samples_per_second_per_core"]
                                                              / i["samples_per_second_per_core"])
     assert len(list((stage / "rank-0").glob("*.tfrecord"))) == 16 and "staged inflated" in result.stdout
+    projection = report["projection"]   # cores per accelerator at the published rate, from each measured rate
+    assert projection["cores_from_files"] == pytest.approx(projection["samples_per_second"]
+                                                           / i["samples_per_second_per_core"])
+    assert projection["cores_from_staged_inflated"] == pytest.approx(projection["samples_per_second"]
+                                                                     / staged["samples_per_second_per_core"])
+    # The scaling model takes the measured input rate into its I/O term: with a rank's pipeline slower than its
+    # compute, the step is the input's local batch / (per-core rate x cores).
+    scaled = run_python(["-m", "common.tools.scaling", "--config", DEMO, "--system", "summit", "--nodes", "1",
+                         "--samples-per-second", "1e6", "--input-rate-from", str(out), "--input-staged",
+                         "--input-cores-per-rank", "2", "--json"])
+    row = json.loads(scaled.stdout.strip().splitlines()[-1])[0]
+    batch = 8   # the demo config's local batch
+    assert row["io_s"] == pytest.approx(batch / (2 * staged["samples_per_second_per_core"]))
+    assert row["step_time_s"] == pytest.approx(row["io_s"])
     # Nothing to inflate in plain TFRecords: one line, exit 2, before any timing.
     plain = run_python(["-m", "common.tools.bench", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data),
                         "--input-only", "--stage-decompressed", str(tmp_path / "s2")], check=False)

@@ -179,6 +179,24 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
     }
 
 
+# Published per-accelerator training rates the input path must feed (cores per accelerator = rate / per-core rate).
+PUBLISHED_ACCELERATOR_RATES = {
+    "cosmoflow": {"samples_per_second": 200.0, "accelerator": "H100",
+                  "source": "MLPerf HPC v3.0 CosmoFlow closed-division records, about 200 samples/s per H100"},
+}
+
+
+def cores_per_accelerator(application_name: str, per_core: float | None, staged_per_core: float | None) -> dict | None:
+    """Cores of input pipeline one accelerator needs at its published rate, from the GZIP files and from the
+    staged inflated copies; None when no rate is published for the application."""
+    published = PUBLISHED_ACCELERATOR_RATES.get(application_name)
+    if published is None or not per_core:
+        return None
+    rate = published["samples_per_second"]
+    return {**published, "cores_from_files": rate / per_core,
+            "cores_from_staged_inflated": rate / staged_per_core if staged_per_core else None}
+
+
 def _input_rate(datasets, samples_per_step: int, steps: int, warmup: int, threads: int | None) -> float:
     """Samples/s of this rank's training input pipeline alone (``steps`` batches after ``warmup``); ``threads``:
     tf.data's private thread pool and intra-op parallelism (1: one core), None: TensorFlow's defaults."""
@@ -238,6 +256,10 @@ def input_only(application, cfg, dist, steps: int, warmup: int = 2, stage_decomp
         rate = _input_rate(staged, batch, steps, warmup, threads=1)
         result["staged"] = {"stage_dir": stage_decompressed, "samples_per_second_per_core": rate,
                             "ratio_to_gzip_per_core": rate / one_core}
+    projection = cores_per_accelerator(application.name, one_core, result.get("staged", {}).get(
+        "samples_per_second_per_core"))
+    if projection:
+        result["projection"] = projection
     return result
 
 
@@ -256,6 +278,12 @@ def input_table(result: dict) -> str:
         st = result["staged"]
         lines.append(f"  staged inflated  {rate(st['samples_per_second_per_core'])} samples/s on 1 core "
                      f"({st['ratio_to_gzip_per_core']:.2f}x the GZIP files)")
+    if "projection" in result:
+        pr = result["projection"]
+        staged = (f", {pr['cores_from_staged_inflated']:.1f} from the staged inflated copies"
+                  if pr["cores_from_staged_inflated"] else "")
+        lines.append(f"  to feed {pr['samples_per_second']:.0f} samples/s per {pr['accelerator']}: "
+                     f"{pr['cores_from_files']:.1f} cores per accelerator from these files{staged} ({pr['source']})")
     return "\n".join(lines)
 
 

@@ -139,6 +139,9 @@ class Workload:
     staged: bool = True
     fusion_threshold_bytes: float = 128 * 2 ** 20
     dataset_bytes: float = 0.0
+    # The input pipeline's own rate (read, inflate, parse, normalise) with the cores a rank gives it, measured by
+    # common.tools.bench --input-only; None: only the storage bandwidth bounds the input.
+    input_samples_per_second_per_rank: float | None = None
 
 
 def communication_time(work: Workload, system: System, nodes: int) -> float:
@@ -180,6 +183,8 @@ def project(work: Workload, system: System, nodes: int) -> dict:
     else:
         read_Bps = min(system.storage.pfs_per_node_read_Bps, system.storage.pfs_aggregate_read_Bps / nodes)
     t_io = work.local_batch * system.ranks_per_node * work.sample_bytes / read_Bps
+    if work.input_samples_per_second_per_rank:   # the pipeline's CPU work, when it is slower than the storage
+        t_io = max(t_io, work.local_batch / work.input_samples_per_second_per_rank)
     step = max(t_compute + exposed + stragglers, t_io)
     out = {"nodes": nodes, "ranks": ranks, "global_batch_size": ranks * work.local_batch, "step_time_s": step,
            "compute_s": t_compute, "allreduce_s": t_comm, "exposed_allreduce_s": exposed,
@@ -224,6 +229,20 @@ def workload_from_config(config: str, overrides: list[str], rank_samples_per_sec
                     gradient_lag=bool(getattr(cfg.train, "gradient_lag", 0)),
                     staged=bool(getattr(cfg.data, "stage_dir", None)), fusion_threshold_bytes=fusion,
                     dataset_bytes=dataset_bytes)
+
+
+def input_rate_from_json(path: str, staged: bool = False) -> float:
+    """Samples/s per core of the input pipeline from a ``common.tools.bench --input-only`` JSON (the staged,
+    inflated copy's rate with ``staged``)."""
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+        rate = data["staged" if staged else "input"]["samples_per_second_per_core"]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a readable JSON file ({exc})") from None
+    except (KeyError, TypeError):
+        what = "a staged section (bench --input-only --stage-decompressed)" if staged else "an input section"
+        raise ConfigError(f"{path}: no {what}; expected a common.tools.bench --input-only JSON") from None
+    return float(rate)
 
 
 def rate_from_json(path: str) -> float:
@@ -324,6 +343,13 @@ def main(argv=None) -> int:
     parser.add_argument("--samples-per-second", type=float, help="measured training samples/s of one rank")
     parser.add_argument("--rate-from", help="summary.json of a run or a common.tools.bench JSON: its per-rank rate")
     parser.add_argument("--dataset-bytes", type=float, default=0.0, help="dataset size, for the staging time")
+    parser.add_argument("--input-rate-from", metavar="BENCH.json",
+                        help="a common.tools.bench --input-only JSON: the input pipeline's per-core rate bounds the "
+                             "I/O term too")
+    parser.add_argument("--input-staged", action="store_true",
+                        help="with --input-rate-from: the rate of the staged inflated copies (its staged section)")
+    parser.add_argument("--input-cores-per-rank", type=float, default=1.0,
+                        help="with --input-rate-from: cores each rank gives its input pipeline (default 1)")
     parser.add_argument("--sample-bytes", type=float,
                         help="bytes read per sample (default: the model input in float32)")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
@@ -354,6 +380,11 @@ def main(argv=None) -> int:
         rate = args.samples_per_second or (rate_from_json(args.rate_from) if args.rate_from else None)
         system = load_system(args.system)
         work = workload_from_config(args.config, args.set, rate, args.dataset_bytes, args.sample_bytes)
+        if args.input_rate_from:
+            if args.input_cores_per_rank <= 0:
+                raise ConfigError(f"--input-cores-per-rank {args.input_cores_per_rank}: expected a positive number")
+            work = dataclasses.replace(work, input_samples_per_second_per_rank=args.input_cores_per_rank
+                                       * input_rate_from_json(args.input_rate_from, args.input_staged))
         rows = scaling_table(work, system, node_counts)
         if args.png:
             plot(rows, f"{pathlib.Path(args.config).stem} on {system.name}", args.png, args.force)
@@ -363,7 +394,9 @@ def main(argv=None) -> int:
     source = "measured" if rate else f"{system.sustained_fraction:.0%} of the {work.precision} peak"
     print(f"{pathlib.Path(args.config).name} on {system.name}: {work.parameters:,} parameters "
           f"({work.parameters * work.gradient_bytes_per_parameter / 2 ** 20:.1f} MiB of gradients), local batch "
-          f"{work.local_batch}, {system.ranks_per_node} rank(s)/node, compute rate {source}")
+          f"{work.local_batch}, {system.ranks_per_node} rank(s)/node, compute rate {source}"
+          + (f", input pipeline {work.input_samples_per_second_per_rank:.1f} samples/s per rank "
+             f"({args.input_cores_per_rank:g} core(s), from {args.input_rate_from})" if args.input_rate_from else ""))
     print(f"{'nodes':>7} {'step s':>9} {'compute':>9} {'allreduce':>10} {'exposed':>9} {'straggle':>9} "
           f"{'io':>8} {'samples/s':>11} {'efficiency':>10}")
     for r in rows:
