@@ -64,7 +64,7 @@ def test_counter_matches_tf_profiler(name, monkeypatch):
         # space-to-batch path, which also convolves the padding it adds).
         import common.nn.layers
 
-        monkeypatch.setattr(common.nn.layers, "native_dilated_conv_trains", lambda: True)
+        monkeypatch.setattr(common.nn.layers, "native_dilated_conv_trains", lambda dtype="float32": True)
     model = CASES[name]()
     ours = forward_flops_per_sample(model)
     profiled = profiler_flops(model)
