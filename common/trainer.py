@@ -112,7 +112,14 @@ def prepare_data(app: Application, cfg: AppConfig, dist: Distributed) -> Dataset
     cfg.train.precision = dist.broadcast_object(precision.resolve(cfg.train.precision))
     precision.check_device_support(cfg.train.precision)
     precision.set_precision(cfg.train.precision)
-    if app.prepare_data is not None:
+    if app.prepare_data is not None and dist.instances > 1:
+        # Instances may share a data folder: each folder is prepared once, by the first instance reading it.
+        folder = str(pathlib.Path(cfg.data.data_dir).resolve()) if dist.is_root else None
+        folders = dist.world_allgather_object(folder)
+        if dist.is_root and folder not in folders[:dist.world_rank]:
+            app.prepare_data(cfg)
+        dist.world_barrier()
+    elif app.prepare_data is not None:
         if dist.is_root:
             app.prepare_data(cfg)
         dist.barrier()

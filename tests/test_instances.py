@@ -189,3 +189,16 @@ def test_instances_that_do_not_divide_the_ranks_are_refused(tiny_cosmo_data, tmp
     assert result.returncode != 0
     assert "distributed.instances=3 does not divide the 4 ranks" in result.stderr
     assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.horovod
+def test_missing_mock_data_is_generated_once_for_all_instances(tmp_path):
+    data = tmp_path / "data"
+    args = train_args(data, tmp_path / "job", "--set", "distributed.instances=2", "--set",
+                      "data.mock.generate_if_missing=true", "--set", "data.mock.n_train=8", "--set",
+                      "data.mock.n_valid=4", "--set", "data.mock.box_size_mpc_h=64", epochs=1, batch_size=2)
+    result = run_python(args, ranks=2)   # two instances of one rank: both read the same folder
+    assert result.stdout.count("generated mock universes in") == 1, result.stdout[-3000:]
+    report = json.loads((tmp_path / "job" / "instances.json").read_text())
+    assert [row["outcome"] for row in report["instances"]] == ["finished", "finished"]
+    assert report["ranks_per_instance"] == 1 and len(list((data / "train").iterdir())) == 8

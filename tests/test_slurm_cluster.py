@@ -89,6 +89,23 @@ def test_knl_script_trains_on_two_mpi_ranks_with_staging(slurm_cluster, tiny_cos
     assert "launch: trainer exited with 0" in read(f"{run}.out")
 
 
+def test_knl_script_trains_two_instances_unchanged(slurm_cluster, tiny_cosmo_data, tmp_path):
+    """distributed.instances through the shipped script, nothing else changed: 2 MPI ranks, 2 models, each
+    instance's ranks staging their own shares."""
+    run, stage = tmp_path / "run", tmp_path / "stage"
+    job_id = knl(slurm_cluster, run, tiny_cosmo_data, "--set", f"data.stage_dir={stage}",
+                 "--set", "distributed.instances=2")
+    info = finished(slurm_cluster, job_id)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", info
+    report = json.loads((run / "instances.json").read_text())
+    assert [row["outcome"] for row in report["instances"]] == ["finished", "finished"]
+    for k in (0, 1):
+        summary = json.loads((run / f"instance-{k}" / "summary.json").read_text())
+        assert summary["ranks"] == 1 and summary["controller"] == "mpi" and summary["epochs_completed"] == 2
+        assert len(list((stage / f"instance-{k}-rank-0").glob("*.tfrecord"))) == 32
+    assert "staged the training files of 2 rank(s) in 2 instances" in (run / "train.restart-0.log").read_text()
+
+
 def final_weights(run_dir):
     import keras
 

@@ -61,9 +61,10 @@ def main(argv=None) -> int:
         from common.trainer import prepare_data   # deferred: imports TensorFlow, after the arguments are parsed
 
         datasets = prepare_data(application, cfg, dist)   # the trainer's own: staging happens as it reads
-        dist.barrier()
-        if dist.is_root:
-            print(f"staged the training files of {dist.size} rank(s) to {cfg.data.stage_dir} "
+        dist.world_barrier()   # every rank of the job (of every instance) before any leaves
+        if dist.world_rank == 0:   # with distributed.instances, every instance staged its own shares
+            instances = f" in {dist.instances} instances" if dist.instances > 1 else ""
+            print(f"staged the training files of {dist.world_size} rank(s){instances} to {cfg.data.stage_dir} "
                   f"({datasets.train_samples} samples per epoch)", flush=True)
     return 0
 
