@@ -198,29 +198,31 @@ def source_identity(path: str) -> dict:
             "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def copy_with_crc32c(source: str, destination) -> int:
-    """Copy ``source`` to ``destination``; the CRC-32C of the bytes copied (recorded in the manifest)."""
+def _write_with_crc32c(reader, destination) -> int:
+    """Everything ``reader`` yields written to ``destination``; the CRC-32C of the bytes written."""
     crc = 0
-    with open(source, "rb") as reader, open(destination, "wb") as writer:
+    with open(destination, "wb") as writer:
         while chunk := reader.read(COPY_CHUNK_BYTES):
             crc = google_crc32c.extend(crc, chunk)
             writer.write(chunk)
     return crc
 
 
+def copy_with_crc32c(source: str, destination) -> int:
+    """Copy ``source`` to ``destination``; the CRC-32C of the bytes copied (recorded in the manifest)."""
+    with open(source, "rb") as reader:
+        return _write_with_crc32c(reader, destination)
+
+
 def gunzip_with_crc32c(source: str, destination) -> int:
     """Write ``source``'s GZIP stream inflated to ``destination``; the CRC-32C of the bytes written.  A corrupt
     or truncated stream is a DataError naming ``source``."""
-    crc = 0
     try:
-        with gzip.open(source, "rb") as reader, open(destination, "wb") as writer:
-            while chunk := reader.read(COPY_CHUNK_BYTES):
-                crc = google_crc32c.extend(crc, chunk)
-                writer.write(chunk)
-    except (OSError, EOFError, zlib.error) as exc:
+        with gzip.open(source, "rb") as reader:
+            return _write_with_crc32c(reader, destination)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:   # the stream, not the disk written to
         raise DataError(f"{source}: not a complete GZIP stream ({type(exc).__name__}: {exc}); the file is corrupt "
                         "or truncated (data.compression is gzip)") from None
-    return crc
 
 
 def staged_name(source: str, decompress: bool) -> str:

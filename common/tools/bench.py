@@ -143,13 +143,7 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
     compute = _timed_fit(model, in_memory, steps, warmup, global_batch)
     profile = op_profile(model, in_memory, min(steps, 3), profile_dir) if profile_dir else None
 
-    iterator = iter(datasets.train_stream(0, epochs + 1))
-    for _ in range(warmup):
-        next(iterator)
-    start = time.perf_counter()
-    for _ in range(steps):
-        next(iterator)
-    input_rate = total(steps * cfg.data.batch_size / (time.perf_counter() - start))
+    input_rate = total(_input_rate(datasets, cfg.data.batch_size, steps, warmup, threads=None))
 
     end_to_end = _timed_fit(model, datasets.train_stream(0, epochs + 1), steps, warmup, global_batch)
     compute_flops = compute * TRAINING_FLOPS_FACTOR * flops
