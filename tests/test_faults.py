@@ -165,6 +165,28 @@ def test_a_changed_batch_or_model_is_refused_before_anything_is_written(tiny_cos
     assert snapshot(run_dir) == before   # config.yaml, the marker, history: as they were
 
 
+@pytest.mark.horovod
+def test_a_resume_on_another_number_of_ranks_keeps_the_global_batch(tiny_cosmo_data, tmp_path):
+    """A run checkpointed on 2 ranks x 2 resumes on 1 rank x 4 (the global batch, and with it the position
+    and the schedule, kept); a global batch the new ranks cannot share is refused before anything is written."""
+    run_dir = tmp_path / "run"
+    run_python(train_args(tiny_cosmo_data, run_dir, batch_size=2), ranks=2)
+    resumed = run_python(train_args(tiny_cosmo_data, run_dir, "--resume", epochs=2, batch_size=2))
+    assert "data.batch_size 2 -> 4 per rank keeps the global batch 4" in resumed.stderr + resumed.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ranks"] == 1 and summary["global_batch_size"] == 4 and summary["first_epoch_this_run"] == 2
+    assert summary["epochs_completed"] == 2
+    odd = tmp_path / "odd"
+    run_python(train_args(tiny_cosmo_data, odd, batch_size=3))
+    before = snapshot(odd)
+    refused = run_python(train_args(tiny_cosmo_data, odd, "--resume", epochs=2, batch_size=3), ranks=2, check=False)
+    # Each rank exits 2 with the one line (horovodrun itself then exits 1, naming the first rank's code).
+    assert refused.returncode != 0 and "Exit code: 2" in refused.stdout + refused.stderr, refused.stderr[-3000:]
+    assert f"error: {odd}/checkpoints: the checkpoint was written by 1 rank(s) with global batch 3, which 2 " \
+           "rank(s) cannot share evenly; not resumed" in refused.stderr
+    assert snapshot(odd) == before
+
+
 # -- one run per folder; checkpoints that are killed or damaged ----------------------------------------
 
 def test_a_second_training_on_the_same_folder_is_refused(tiny_cosmo_data, tmp_path):

@@ -168,6 +168,17 @@ def load_checkpoint(path: str | pathlib.Path) -> tuple[dict, dict[str, np.ndarra
     return state, arrays
 
 
+def read_state(path: str | pathlib.Path) -> dict | None:
+    """The state record of a checkpoint alone (its other members unread), or None when it cannot be read;
+    :func:`load_checkpoint` checks the whole file before a resume assigns it."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            state = json.loads(bytes(data[STATE_KEY]).decode())
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zipfile.LargeZipFile):
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def newest_readable(directory: str | pathlib.Path) -> tuple[pathlib.Path, dict, dict] | None:
     """(path, state, arrays) of the newest checkpoint that reads back whole; older ones are tried when the
     newest is corrupt (each skipped one named in a warning).  None when there is none; a
