@@ -11,8 +11,11 @@ the final ``model.keras`` and ``summary.json``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import os
 import pathlib
+import socket
 import sys
 import time
 from typing import Any
@@ -253,6 +256,34 @@ def _resume_record(cfg: AppConfig, run: Run) -> dict:
             "precision": cfg.train.precision, "optimizer": opt.name + ("+larc" if opt.larc.enabled else "")}
 
 
+def _keep_global_batch(cfg: AppConfig, dist: Distributed, claim: Claim) -> None:
+    """A resume on another number of ranks (a job requeued without its lost node, or resubmitted on more)
+    keeps the checkpoint's global batch: ``data.batch_size`` becomes its global batch over this run's ranks,
+    so the position and the learning-rate schedule, which count steps of that batch, go on where they
+    stopped.  A global batch the ranks cannot share is a one-line refusal (exit 2) saying what to set."""
+    verdict: int | str | None = None
+    if dist.is_root and claim.latest is not None:
+        newest = [checkpoint.read_state(path) for path in reversed(checkpoint.list_checkpoints(claim.latest.parent))]
+        state = next((found for found in newest if found is not None), None)
+        saved, ranks_then = (state or {}).get("global_batch_size"), (state or {}).get("ranks")
+        if saved and ranks_then and ranks_then != dist.size and saved != cfg.data.batch_size * dist.size:
+            if saved % dist.size:
+                verdict = (f"{claim.latest.parent}: the checkpoint was written by {ranks_then} rank(s) with global "
+                           f"batch {saved}, which {dist.size} rank(s) cannot share evenly; not resumed: run on a "
+                           f"number of ranks that divides {saved}, or start afresh (--force, or another "
+                           "--output-dir) with a data.batch_size for these ranks")
+            else:
+                verdict = saved // dist.size
+                log.warning(f"resuming on {dist.size} rank(s) a run checkpointed on {ranks_then}: data.batch_size "
+                            f"{cfg.data.batch_size} -> {verdict} per rank keeps the global batch {saved} (and with "
+                            "it the position and the learning-rate schedule)")
+    verdict = dist.broadcast_object(verdict)
+    if isinstance(verdict, str):
+        raise UserInputError(verdict)
+    if verdict is not None:
+        cfg.data.batch_size = verdict
+
+
 def _load_resume_state(run: Run, cfg: AppConfig, dist: Distributed, claim: Claim, resume: bool):
     """Rank 0 reads the newest checkpoint that reads back whole (falling back past corrupt ones, each named)
     and checks that it fits this run, then assigns it; every rank gets ((epochs completed, steps into the
@@ -359,6 +390,8 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
            lock_holder, started_dir) -> dict:
     checkpoint_dir = output_dir / "checkpoints"
     claim = _claim_run_dir(app, cfg, dist, output_dir, resume, force, lock_holder)
+    if resume:
+        _keep_global_batch(cfg, dist, claim)
     configure_determinism(cfg, dist)
     datasets = prepare_data(app, cfg, dist)
     run = prepare_run(app, cfg, dist, datasets)
@@ -579,6 +612,18 @@ def _summary(app: Application, cfg: AppConfig, dist: Distributed, run: Run, hist
         "skipped_files": datasets.skipped_files,
         "final": last,
     }
+    # Where each rank ran, and a fingerprint of each rank's final weights: in synchronous data-parallel
+    # training they are equal on every rank (hybrid mode ends on the groups' consensus).
+    summary["groups"] = dist.groups
+    summary["horovod_environment"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")}
+    summary["hosts"] = dist.allgather_object(socket.gethostname())
+    summary["nodes"] = len(set(summary["hosts"]))
+    fingerprint = hashlib.sha256()
+    for weight in run.network.weights:
+        fingerprint.update(np.ascontiguousarray(np.asarray(weight)).tobytes())
+    summary["weights_sha256"] = dist.allgather_object(fingerprint.hexdigest()[:16])
+    if len(set(summary["weights_sha256"])) > 1 and dist.is_root:
+        log.warning(f"the ranks ended with different weights (sha256 prefixes {summary['weights_sha256']})")
     if mlperf_callback is not None:
         summary["mlperf_target_reached"] = mlperf_callback.reached
         summary["mlperf_time_to_target_s"] = mlperf_callback.reached_after_s   # this run's run_start; None: not reached
