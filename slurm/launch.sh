@@ -9,7 +9,9 @@
 # each rank's share of the training files when the config has data.stage_dir,
 # trains with --resume into runs/<app>-<job id> (the same directory after a
 # requeue), forwards SLURM's warning signal to the ranks, and requeues the job
-# when the trainer exits with 75 (checkpoint saved at a step boundary).
+# when the trainer exits with 75 (checkpoint saved at a step boundary), or with
+# 4 (no progress) while SLURM reports one of the job's nodes lost (then without
+# that node: the job resumes on the nodes left, keeping its global batch).
 set -euo pipefail
 
 usage() {
@@ -30,6 +32,7 @@ NODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
 NTASKS=$((NODES * RANKS_PER_NODE))
 RUN_DIR=${RUN_DIR:-$ROOT/runs/$APP-$JOB}
 PREEMPTED=75
+HUNG=4
 mkdir -p "$RUN_DIR"
 LOG=$RUN_DIR/train.restart-${SLURM_RESTART_COUNT:-0}.log
 
@@ -44,7 +47,7 @@ forward() {
         EARLY_SIGNAL=$1
         return
     fi
-    echo "launch: $1 received; the ranks checkpoint at the next step and stop" >&2
+    echo "launch: $1 received; asking the ranks to checkpoint at their next step and stop" >&2
     kill -s USR1 "$TRAINER" 2>/dev/null || true
 }
 trap 'forward USR1' USR1
@@ -94,6 +97,38 @@ if [ "$status" -eq "$PREEMPTED" ]; then
     echo "launch: preempted with a checkpoint; requeueing job $JOB (it resumes from $RUN_DIR)"
     scontrol requeue "$JOB"
     exit 0
+fi
+# Exit 4: a rank saw no progress for train.hang_timeout_s, as when a node dies under the job.  If SLURM
+# reports one of the job's nodes as not responding (or down) within LOST_NODE_WAIT_S, the job is requeued
+# without it and resumes from its last checkpoint on the nodes left (submit with -N <fewer>-<nodes> to
+# allow that; the global batch is kept).  Otherwise the hang was not a lost node: exit 4.
+if [ "$status" -eq "$HUNG" ] && [ -n "${SLURM_JOB_NODELIST:-}" ]; then
+    lost=
+    for _ in $(seq "${LOST_NODE_WAIT_S:-60}"); do
+        lost=$(sinfo -h -N -n "$SLURM_JOB_NODELIST" -o '%N %T' 2>/dev/null \
+               | awk '$2 ~ /[*]$/ || $2 ~ /^(down|fail)/ {print $1}' | sort -u | paste -sd, -)
+        [ -n "$lost" ] && break
+        sleep 1
+    done
+    if [ -n "$lost" ]; then
+        if scontrol requeue "$JOB" 2>/dev/null; then
+            echo "launch: a rank stopped making progress and node(s) $lost no longer respond; requeued job $JOB" \
+                 "without them (it resumes from $RUN_DIR on the nodes left)"
+            for _ in $(seq 30); do   # a pending job's excluded nodes can be set once the requeue has gone through
+                scontrol update JobId="$JOB" ExcNodeList="$lost" 2>/dev/null && break
+                sleep 1
+            done
+            exit 0
+        fi
+        restarts=$(scontrol show job "$JOB" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+        if [ "${restarts:-0}" -gt "${SLURM_RESTART_COUNT:-0}" ]; then
+            echo "launch: SLURM found node(s) $lost down and requeued job $JOB itself; it resumes from $RUN_DIR" \
+                 "on the nodes left"
+            exit 0
+        fi
+        echo "launch: node(s) $lost no longer respond, but job $JOB cannot be requeued (sbatch --no-requeue?);" \
+             "resubmit it with --exclude=$lost" >&2
+    fi
 fi
 echo "launch: trainer exited with $status"
 exit "$status"
