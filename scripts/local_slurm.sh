@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# A one-node SLURM cluster with munge, started by hand (no systemd), everything under one folder.
-# For the tests that run the shipped slurm/*.sbatch scripts for real (tests/test_slurm_cluster.py).
+# A SLURM cluster with munge, started by hand (no systemd), everything under one folder: one node on this
+# machine's own addresses, or a virtual cluster of several nodes, each a network namespace (its own
+# hostname, address, /dev/shm and node-local scratch folder) joined to a bridge, each with its own slurmd.
+# For the tests that run the shipped slurm/*.sbatch scripts for real (tests/test_slurm_cluster.py,
+# tests/test_multinode.py).
 #
-#   scripts/local_slurm.sh up       # install the Debian packages if missing, start munged, slurmctld, slurmd;
-#                                   # wait for the node to be idle; print SLURM_CONF=<path>
-#   scripts/local_slurm.sh status   # the daemons and the node state; exit 0 when all are up
-#   scripts/local_slurm.sh down     # stop the daemons and the job steps they started, by pid
+#   scripts/local_slurm.sh up [--nodes N]  # install the Debian packages if missing, start munged, slurmctld and
+#                                   # the slurmd(s); wait for the nodes to be idle; print SLURM_CONF=<path>
+#                                   # (and, with several nodes, SCRATCH=<the node-local folder's path>).
+#                                   # On a running cluster: restarts a node that was killed, else returns.
+#   scripts/local_slurm.sh status   # the daemons and each node's state; exit 0 when all are up
+#   scripts/local_slurm.sh down     # stop the daemons and the job steps they started, by pid; remove every
+#                                   # namespace, link and control group the cluster made, by the names it recorded
+#   scripts/local_slurm.sh exec nodeK CMD...  # run CMD on node K (its network, hostname and mounts)
+#   scripts/local_slurm.sh kill nodeK        # node K crashes: its link goes down, then every process on it is
+#                                   # SIGKILLed (peers see silence, not a closed connection); `up` restarts it
 #
 # Environment: LOCAL_SLURM_DIR (the cluster's folder: created if absent; an existing one must be a real
-# folder owned by this user that nobody else can write to), LOCAL_SLURM_CPUS (CPUs the node advertises,
-# default 4: config_overrides lets 4 single-threaded ranks share 2 cores).  Without LOCAL_SLURM_DIR, `up`
-# makes a new folder with mktemp -d and records its path in $LOCAL_SLURM_STATE (default
-# ~/.local/state/hpc-dl-suite/local-slurm-dir), where status and down find it; nothing goes through a
-# predictable path in a world-writable folder.  Needs root (SlurmUser=root) and, to install packages,
-# apt-get.  Idempotent: `up` on a running cluster returns at once; `down` on a stopped one does nothing.
+# folder owned by this user that nobody else can write to), LOCAL_SLURM_CPUS (CPUs each node advertises,
+# default 4 on one node, 2 on several: config_overrides lets single-threaded ranks share the 2 cores),
+# LOCAL_SLURM_PORT (slurmctld's port; slurmd's is the next one), LOCAL_SLURM_SUBNET (several nodes: the first
+# three parts of the private /24 the cluster's bridge gets, default 10.251.0: node K is .K, slurmctld .254;
+# refused when this machine already routes it), LOCAL_SLURM_NODE_CPU_PERCENT (several nodes: each node's
+# processes limited to this share of one core by a cgroup v1 cpu quota; unset: no limit),
+# LOCAL_SLURM_SLURMD_TIMEOUT (several nodes: seconds of silence before slurmctld marks a node DOWN, default 20).
+# Without LOCAL_SLURM_DIR, `up` makes a new folder with mktemp -d and records its path in $LOCAL_SLURM_STATE
+# (default ~/.local/state/hpc-dl-suite/local-slurm-dir), where status and down find it; nothing goes through a
+# predictable path in a world-writable folder.  Needs root (SlurmUser=root; namespaces) and, to install
+# packages, apt-get.  Idempotent: `up` on a running cluster returns at once; `down` on a stopped one does
+# nothing.
 set -euo pipefail
 
-CPUS=${LOCAL_SLURM_CPUS:-4}
 STATE=${LOCAL_SLURM_STATE:-${HOME:-/root}/.local/state/hpc-dl-suite/local-slurm-dir}
 PACKAGES=(slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev)
 
@@ -108,25 +122,52 @@ write_config() {
             || dd if=/dev/urandom of="$ROOT/etc/munge.key" bs=1024 count=1 status=none
     fi
     chmod 600 "$ROOT/etc/munge.key"
-    local host memory
+    local host memory address nodes node_lines extra auth k
     host=$(hostname -s)
     memory=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n 1)
-    memory=$(( memory * 9 / 10 ))
+    auth="AuthInfo=socket=$SOCKET"
+    if [ "$NODES" = 1 ]; then
+        memory=$(( memory * 9 / 10 ))
+        address=127.0.0.1
+        nodes=$host
+        # CPUs as configured (config_overrides: more than the machine has, for several single-threaded ranks).
+        node_lines="NodeName=$host CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$memory Feature=knl,gpu NodeAddr=127.0.0.1 State=UNKNOWN"
+        extra="SlurmdSpoolDir=$ROOT/spool
+SlurmdPidFile=$ROOT/run/slurmd.pid
+SlurmdLogFile=$ROOT/log/slurmd.log
+ReturnToService=2"
+    else
+        memory=$(( memory * 9 / 10 / NODES ))
+        address=$SUBNET.254
+        nodes="node[1-$NODES]"
+        node_lines=
+        for k in $(seq "$NODES"); do
+            node_lines+="NodeName=node$k CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$memory Feature=knl,gpu NodeAddr=$SUBNET.$k State=UNKNOWN"$'\n'
+        done
+        node_lines=${node_lines%$'\n'}
+        # Each slurmd its own spool, pid and log files (%n: the node's name).  A node silent for
+        # SlurmdTimeout is marked DOWN; it returns when `up` restarts it and it registers again
+        # (ReturnToService=2).  A requeued job may start cred_expire + 1 s after it ended.
+        extra="SlurmdSpoolDir=$ROOT/spool/%n
+SlurmdPidFile=$ROOT/run/slurmd-%n.pid
+SlurmdLogFile=$ROOT/log/slurmd-%n.log
+SlurmdTimeout=$SLURMD_TIMEOUT
+ReturnToService=2
+SchedulerParameters=sched_interval=5"
+        auth="$auth,cred_expire=10"
+    fi
     write_file "$CONF" <<EOF
-# Written by scripts/local_slurm.sh: a one-node test cluster.
+# Written by scripts/local_slurm.sh: a test cluster of $NODES node(s).
 ClusterName=hpcdl
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($address)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$SOCKET
+$auth
 CredType=cred/munge
 StateSaveLocation=$ROOT/state
-SlurmdSpoolDir=$ROOT/spool
 SlurmctldPidFile=$ROOT/run/slurmctld.pid
-SlurmdPidFile=$ROOT/run/slurmd.pid
 SlurmctldLogFile=$ROOT/log/slurmctld.log
-SlurmdLogFile=$ROOT/log/slurmd.log
 SlurmctldPort=${LOCAL_SLURM_PORT:-16817}
 SlurmdPort=$(( ${LOCAL_SLURM_PORT:-16817} + 1 ))
 TmpFS=$ROOT/tmp
@@ -138,13 +179,12 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 MpiDefault=pmix
-ReturnToService=2
 MailProg=/bin/true
 KillWait=5
 MinJobAge=600
-# CPUs as configured (config_overrides: more than the machine has, for several single-threaded ranks).
-NodeName=$host CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$memory Feature=knl,gpu NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$extra
+$node_lines
+PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
 }
 
@@ -163,7 +203,6 @@ start_munge() {
 node_state() { SLURM_CONF=$CONF sinfo -h -N -o '%T' 2>/dev/null | head -n 1; }
 
 up() {
-    install_packages
     if alive "$(pid_of slurmctld)" && alive "$(pid_of slurmd)" && alive "$(pid_of munged)"; then
         echo "SLURM_CONF=$CONF"
         return 0
@@ -256,24 +295,322 @@ down() {
             sleep 0.1
         done
     fi
-    # Job steps outlive a killed slurmd (proctrack/pgid), and slurmstepd is no child of slurmd (it forks
-    # twice): this cluster's steps are the slurmstepd processes holding a file of its folder open
-    # (slurmd.log), with everything under them.  Never a pattern over the host's processes.
-    read -r -a steps <<<"$(cluster_steps)"
-    for name in slurmd slurmctld munged; do
-        pid=$(pid_of "$name")
-        if alive "$pid"; then stop_pids "$pid"; fi
-        rm -f "$ROOT/run/$name.pid"
-    done
-    if [ "${#steps[@]}" -gt 0 ]; then stop_pids "${steps[@]}"; fi
+    if [ "$NODES" != 1 ]; then
+        down_nodes
+    else
+        # Job steps outlive a killed slurmd (proctrack/pgid), and slurmstepd is no child of slurmd (it forks
+        # twice): this cluster's steps are the slurmstepd processes holding a file of its folder open
+        # (slurmd.log), with everything under them.  Never a pattern over the host's processes.
+        read -r -a steps <<<"$(cluster_steps)"
+        for name in slurmd slurmctld munged; do
+            pid=$(pid_of "$name")
+            if alive "$pid"; then stop_pids "$pid"; fi
+            rm -f "$ROOT/run/$name.pid"
+        done
+        if [ "${#steps[@]}" -gt 0 ]; then stop_pids "${steps[@]}"; fi
+    fi
     if [ -z "${LOCAL_SLURM_DIR:-}" ] && [ -s "$STATE" ] && [ "$(cat "$STATE")" = "$ROOT" ]; then
         rm -f "$STATE"   # the folder stays (logs); a later `up` makes a new one
     fi
 }
 
-case "${1:-}" in
-    up) resolve_root 1; up ;;
-    down) resolve_root 0; down ;;
-    status) resolve_root 0; if [ -z "$ROOT" ]; then echo "no cluster (nothing recorded in $STATE)"; exit 1; fi; status ;;
-    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+# --- Several nodes: network namespaces on a bridge -----------------------------------------------------
+# Names are derived from the cluster's folder (two clusters never share one) and recorded in
+# $ROOT/run/made as they are made; `down` removes what is recorded there, nothing found by a pattern.
+
+network_names() {
+    TAG=$(printf '%s' "$ROOT" | sha256sum | cut -c1-6)
+    BRIDGE=hd${TAG}br
+    CGROUP=/sys/fs/cgroup/cpu/hpcdl-$TAG
+}
+netns_of() { echo "hpcdl-$TAG-$1"; }
+veth_of() { echo "hd${TAG}n${1#node}"; }   # the bridge's end of node K's link (15 characters at most)
+NODE_IF=hpcdl0                             # node K's end, named alike on every node (HOROVOD_GLOO_IFACE)
+
+record() { echo "$1 $2" >> "$ROOT/run/made"; }
+recorded() { if [ -s "$ROOT/run/made" ]; then sed -n "s/^$1 //p" "$ROOT/run/made"; fi; }
+
+holder_of() { pid_of "$1.holder"; }
+
+check_subnet() {
+    if ! [[ "$SUBNET" =~ ^10\.([0-9]{1,3})\.([0-9]{1,3})$ ]] || (( BASH_REMATCH[1] > 255 || BASH_REMATCH[2] > 255 )); then
+        log "LOCAL_SLURM_SUBNET=$SUBNET: expected the first three parts of a private 10.x.y.0/24 network (e.g. 10.251.0)"
+        exit 2
+    fi
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then return 0; fi   # ours, from an earlier `up`
+    if [ -n "$(ip -4 route show to match "$SUBNET.1")" ] && ip -4 route show to match "$SUBNET.1" | grep -qv '^default'; then
+        log "$SUBNET.0/24 is already routed on this machine ($(ip -4 route show to match "$SUBNET.1" | grep -v '^default' | head -n 1)); choose another LOCAL_SLURM_SUBNET"
+        exit 2
+    fi
+}
+
+make_bridge() {
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        # A fixed address: by default a bridge takes its lowest port's, and changes it when that link goes
+        # down (a killed node), which leaves the other nodes' ARP entries for slurmctld stale.
+        ip link add "$BRIDGE" address "02:${TAG:0:2}:${TAG:2:2}:${TAG:4:2}:00:fe" type bridge
+        record bridge "$BRIDGE"
+        ip addr add "$SUBNET.254/24" dev "$BRIDGE"
+    fi
+    ip link set "$BRIDGE" up
+}
+
+# Node K's namespaces and the processes holding them: a network namespace with its link to the bridge,
+# and inside it a process with its own hostname and mount namespace (the node's scratch and TmpFS
+# folders, /etc/hosts, a private /dev/shm, and the other nodes' folders out of sight).
+start_node() {
+    local node=$1 k=${1#node} ns veth holder
+    ns=$(netns_of "$node")
+    veth=$(veth_of "$node")
+    if ! ip netns list | grep -qx "$ns\( (id: [0-9]*)\)\?"; then
+        ip netns add "$ns"
+        record netns "$ns"
+    fi
+    if ! ip link show "$veth" >/dev/null 2>&1; then
+        ip link add "$veth" type veth peer name "$NODE_IF" netns "$ns"
+        record veth "$veth"
+        ip link set "$veth" master "$BRIDGE"
+        ip -n "$ns" addr add "$SUBNET.$k/24" dev "$NODE_IF"
+    fi
+    ip link set "$veth" up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set "$NODE_IF" up
+    mkdir -p "$ROOT/nodes/$node/scratch" "$ROOT/nodes/$node/tmp" "$ROOT/spool/$node"
+    rm -f "$ROOT/run/$node.holder.pid"
+    # nsenter, not `ip netns exec`: that one remounts /sys, hiding the cgroup folders slurmd looks for.
+    setsid nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation private --fork \
+        bash "$ROOT/etc/node.sh" "$node" "$ROOT" </dev/null >>"$ROOT/log/$node.log" 2>&1 &
+    for _ in $(seq 100); do
+        holder=$(holder_of "$node")
+        alive "$holder" && break
+        sleep 0.1
+    done
+    if ! alive "$holder"; then
+        log "$node did not start (see $ROOT/log/$node.log)"
+        exit 1
+    fi
+    if [ -n "$CPU_PERCENT" ]; then
+        if [ ! -d "$CGROUP" ]; then
+            mkdir "$CGROUP"
+            record cgroup "$CGROUP"
+        fi
+        mkdir -p "$CGROUP/$node"
+        echo 100000 > "$CGROUP/$node/cpu.cfs_period_us"
+        echo $(( CPU_PERCENT * 1000 )) > "$CGROUP/$node/cpu.cfs_quota_us"
+        echo "$holder" > "$CGROUP/$node/cgroup.procs"
+    fi
+    if ! on_node "$node" slurmd -N "$node" -f "$CONF"; then
+        log "slurmd of $node did not start (see $ROOT/log/slurmd-$node.log)"
+        exit 1
+    fi
+    if [ -n "$CPU_PERCENT" ]; then
+        local slurmd_pid
+        for _ in $(seq 50); do slurmd_pid=$(pid_of "slurmd-$node"); alive "$slurmd_pid" && break; sleep 0.1; done
+        if alive "$slurmd_pid"; then echo "$slurmd_pid" > "$CGROUP/$node/cgroup.procs"; fi
+    fi
+}
+
+write_node_script() {
+    local host k
+    host=$(hostname -s)
+    {
+        echo "127.0.0.1 localhost"
+        echo "$SUBNET.254 $host"
+        for k in $(seq "$NODES"); do echo "$SUBNET.$k node$k"; done
+    } | write_file "$ROOT/etc/hosts"
+    mkdir -p "$ROOT/scratch" "$ROOT/nodes"
+    write_file "$ROOT/etc/node.sh" <<'EOF'
+# A node of scripts/local_slurm.sh (run by it inside the node's new namespaces; $1 node, $2 cluster folder).
+set -eu
+node=$1 root=$2
+hostname "$node"
+mount --bind "$root/nodes/$node/scratch" "$root/scratch"
+mount --bind "$root/nodes/$node/tmp" "$root/tmp"
+mount --bind "$root/etc/hosts" /etc/hosts
+mount -t tmpfs -o size=2g,mode=1777 "shm-$node" /dev/shm
+mount -t tmpfs -o size=1m,mode=755,ro "nodes-$node" "$root/nodes"
+echo "$$" > "$root/run/$node.holder.pid"
+exec sleep infinity
+EOF
+}
+
+# CMD on node NODE (its network, hostname and mounts), as a child of the caller.
+on_node() {
+    local node=$1 holder
+    shift
+    holder=$(holder_of "$node")
+    if ! alive "$holder"; then
+        log "$node is down (not started, or killed): \`$0 up\` restarts it"
+        exit 1
+    fi
+    nsenter --target "$holder" --net --uts --mount -- "$@"
+}
+
+node_pids() { ip netns pids "$(netns_of "$1")" 2>/dev/null || true; }
+
+kill_node() {
+    local node=$1 pids
+    if ! recorded netns | grep -qx "$(netns_of "$node")"; then log "$node: no such node"; exit 2; fi
+    ip link set "$(veth_of "$node")" down 2>/dev/null || true   # first: the others see silence, not a reset
+    read -r -a pids <<<"$(node_pids "$node" | tr '\n' ' ')"
+    if [ "${#pids[@]}" -gt 0 ]; then kill -KILL "${pids[@]}" 2>/dev/null || true; fi
+    for _ in $(seq 100); do
+        local left=0 pid
+        for pid in $(node_pids "$node"); do alive "$pid" && left=1; done
+        [ "$left" = 0 ] && break
+        sleep 0.1
+    done
+    rm -f "$ROOT/run/$node.holder.pid"
+    log "$node killed (${#pids[@]} processes, link down)"
+}
+
+nodes_state() { SLURM_CONF=$CONF sinfo -h -N -o '%N %T' 2>/dev/null; }
+
+up_nodes() {
+    check_subnet
+    if ! alive "$(pid_of slurmctld)"; then   # a running cluster keeps its settings
+        write_config
+        write_node_script
+    fi
+    start_munge
+    make_bridge
+    alive "$(pid_of slurmctld)" || slurmctld -c -f "$CONF"
+    local k started=()
+    for k in $(seq "$NODES"); do
+        if ! alive "$(holder_of "node$k")" || ! alive "$(pid_of "slurmd-node$k")"; then
+            if alive "$(holder_of "node$k")"; then kill_node "node$k" 2>/dev/null; fi
+            start_node "node$k"
+            started+=("node$k")
+        fi
+    done
+    for _ in $(seq 300); do
+        local ready=0
+        for k in $(seq "$NODES"); do
+            case "$(nodes_state | awk -v n="node$k" '$1 == n {print $2}')" in
+                idle*|mixed*|allocated*) ready=$((ready + 1)) ;;
+                down*) for node in "${started[@]}"; do   # killed earlier, back now: return it to service
+                           if [ "$node" = "node$k" ]; then
+                               SLURM_CONF=$CONF scontrol update NodeName="node$k" State=RESUME 2>/dev/null || true
+                           fi
+                       done ;;
+            esac
+        done
+        if [ "$ready" = "$NODES" ]; then
+            echo "SLURM_CONF=$CONF"
+            echo "SCRATCH=$ROOT/scratch"
+            return 0
+        fi
+        sleep 0.2
+    done
+    log "the nodes did not become idle: $(nodes_state | tr '\n' ' ') (see $ROOT/log)"
+    exit 1
+}
+
+status_nodes() {
+    local ok=0 name pid k state
+    for name in munged slurmctld; do
+        pid=$(pid_of "$name")
+        if alive "$pid"; then echo "$name: running (pid $pid)"; else echo "$name: stopped"; ok=1; fi
+    done
+    for k in $(seq "$NODES"); do
+        state=$(nodes_state | awk -v n="node$k" '$1 == n {print $2}')
+        if alive "$(holder_of "node$k")" && alive "$(pid_of "slurmd-node$k")"; then
+            echo "node$k: $SUBNET.$k up, slurmd pid $(pid_of "slurmd-node$k"), ${state:-unknown}"
+        else
+            echo "node$k: $SUBNET.$k down, ${state:-unknown}"
+            ok=1
+        fi
+    done
+    return "$ok"
+}
+
+down_nodes() {
+    local k pid pids name ns
+    pid=$(pid_of slurmctld)
+    if alive "$pid"; then stop_pids "$pid"; fi
+    rm -f "$ROOT/run/slurmctld.pid"
+    # Every process on a node is in its network namespace: slurmd, job steps, ranks, the holder.
+    for ns in $(recorded netns); do
+        read -r -a pids <<<"$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')"
+        if [ "${#pids[@]}" -gt 0 ]; then stop_pids "${pids[@]}"; fi
+    done
+    pid=$(pid_of munged)
+    if alive "$pid"; then stop_pids "$pid"; fi
+    rm -f "$ROOT/run/munged.pid" "$ROOT"/run/node*.holder.pid "$ROOT"/run/slurmd-node*.pid
+    for name in $(recorded veth); do ip link del "$name" 2>/dev/null || true; done
+    for ns in $(recorded netns); do ip netns del "$ns" 2>/dev/null || true; done
+    for name in $(recorded bridge); do ip link del "$name" 2>/dev/null || true; done
+    for name in $(recorded cgroup); do
+        for k in "$name"/node*; do
+            if [ -d "$k" ]; then rmdir "$k" 2>/dev/null || true; fi
+        done
+        rmdir "$name" 2>/dev/null || true
+    done
+    rm -f "$ROOT/run/made" "$ROOT/run/nodes"
+}
+
+# NODES: the recorded size of the cluster in ROOT (1 when none is recorded); `up --nodes N` sets it.
+read_settings() {
+    NODES=1
+    if [ -n "$ROOT" ] && [ -s "$ROOT/run/nodes" ]; then NODES=$(cat "$ROOT/run/nodes"); fi
+    CPUS=${LOCAL_SLURM_CPUS:-$([ "$NODES" = 1 ] && echo 4 || echo 2)}
+    SUBNET=${LOCAL_SLURM_SUBNET:-10.251.0}
+    if [ -n "$ROOT" ] && [ -s "$ROOT/run/subnet" ]; then SUBNET=$(cat "$ROOT/run/subnet"); fi
+    CPU_PERCENT=${LOCAL_SLURM_NODE_CPU_PERCENT:-}
+    SLURMD_TIMEOUT=${LOCAL_SLURM_SLURMD_TIMEOUT:-20}
+    if [ -n "$CPU_PERCENT" ] && ! [[ "$CPU_PERCENT" =~ ^[1-9][0-9]{0,2}$ ]]; then
+        log "LOCAL_SLURM_NODE_CPU_PERCENT=$CPU_PERCENT: expected a whole percentage of one core (1-999)"
+        exit 2
+    fi
+    [ -n "$ROOT" ] && network_names
+    return 0
+}
+
+need_nodes() {
+    if [ -z "$ROOT" ] || [ "$NODES" = 1 ]; then
+        log "no cluster of several nodes is running (\`$0 up --nodes N\` starts one)"
+        exit 2
+    fi
+    if ! [[ "${1:-}" =~ ^node[1-9][0-9]*$ ]] || (( ${1#node} > NODES )); then
+        log "${1:-}: expected node1..node$NODES"
+        exit 2
+    fi
+}
+
+command=${1:-}
+shift || true
+case "$command" in
+    up)
+        wanted=1
+        if [ "${1:-}" = --nodes ]; then
+            [[ "${2:-}" =~ ^[1-9][0-9]?$ ]] || { echo "usage: $0 up [--nodes N] (N from 1 to 99)" >&2; exit 2; }
+            wanted=$2
+        fi
+        install_packages
+        resolve_root 1
+        read_settings
+        if alive "$(pid_of slurmctld)" && [ "$NODES" != "$wanted" ]; then
+            log "a cluster of $NODES node(s) runs in $ROOT: \`$0 down\` first"
+            exit 2
+        fi
+        NODES=$wanted
+        CPUS=${LOCAL_SLURM_CPUS:-$([ "$NODES" = 1 ] && echo 4 || echo 2)}
+        mkdir -p "$ROOT/run"
+        if [ "$NODES" = 1 ]; then
+            up
+        else
+            if [ "$(id -u)" != 0 ]; then log "several nodes need root (network namespaces)"; exit 3; fi
+            echo "$NODES" | write_file "$ROOT/run/nodes"
+            echo "$SUBNET" | write_file "$ROOT/run/subnet"
+            up_nodes
+        fi ;;
+    down) resolve_root 0; read_settings; down ;;
+    status)
+        resolve_root 0
+        if [ -z "$ROOT" ]; then echo "no cluster (nothing recorded in $STATE)"; exit 1; fi
+        read_settings
+        if [ "$NODES" = 1 ]; then status; else status_nodes; fi ;;
+    exec) resolve_root 0; read_settings; need_nodes "${1:-}"; node=$1; shift; on_node "$node" "$@" ;;
+    kill) resolve_root 0; read_settings; need_nodes "${1:-}"; kill_node "$1" ;;
+    *) echo "usage: $0 up [--nodes N] | status | down | exec nodeK CMD... | kill nodeK" >&2; exit 2 ;;
 esac
