@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -150,6 +152,51 @@ def live_processes() -> list[tuple[int, list[bytes]]]:
     return found
 
 
+# --- SLURM jobs (tests/test_slurm_cluster.py, tests/test_multinode.py) ---------------------------------------
+
+def submit(cluster, script, run_dir, *args, sbatch=(), env=None):
+    """``sbatch <sbatch options> script args``; the job id (:func:`finished` waits for it: sbatch --wait polls
+    only every few tens of seconds)."""
+    variables = {**cluster, "RUN_DIR": str(run_dir), "PYTHON": sys.executable, "HPC_DL_ROOT": str(REPO),
+                 **(env or {})}
+    command = ["sbatch", "--parsable", f"--output={run_dir}.out", *sbatch, script, *args]
+    result = subprocess.run(command, cwd=REPO, env={**os.environ, **variables}, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    return int(result.stdout.strip().splitlines()[0].split(";")[0])
+
+
+def read(path) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def job(cluster, job_id) -> dict:
+    """``scontrol show job`` as a dict."""
+    out = subprocess.run(["scontrol", "show", "job", str(job_id)], env={**os.environ, **cluster},
+                         capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def finished(cluster, job_id, timeout=600) -> dict:
+    done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    return wait_for(lambda: (info := job(cluster, job_id)).get("JobState") in done and info, timeout,
+                    f"job {job_id} to end")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A one-node SLURM cluster (scripts/local_slurm.sh) for the whole test run: the environment its
@@ -183,3 +230,78 @@ def slurm_cluster(tmp_path_factory):
         left = [b" ".join(argv).decode(errors="replace") for pid, argv in live_processes()
                 if pid != decoy.pid and (any(root.encode() in arg for arg in argv) or argv[0].startswith(b"slurmstepd"))]
         assert not left, "processes left behind by the test SLURM cluster:\n" + "\n".join(left)
+
+
+def _free_subnet() -> str:
+    """10.251.X (a /24) that this machine routes nowhere: the virtual cluster's own network."""
+    import random
+
+    routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
+    for _ in range(200):
+        subnet = f"10.251.{random.randint(1, 254)}"
+        if f"{subnet}." not in routes:
+            return subnet
+    raise RuntimeError("no free 10.251.X.0/24 for the virtual cluster")
+
+
+def cluster_leftovers(root: str, made: list[str], pids: list[int]) -> list[str]:
+    """What a virtual cluster in ``root`` left behind: namespaces, links, control groups (the names it
+    recorded), mounts of its folder, and its processes (the pids it recorded, and any naming its folder)."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    left = []
+    for line in made:
+        kind, name = line.split(" ", 1)
+        if (kind == "netns" and name in netns) or (kind in ("veth", "bridge") and f": {name}" in links) \
+                or (kind == "cgroup" and os.path.exists(name)):
+            left.append(f"{kind} {name}")
+    with open("/proc/self/mountinfo") as handle:
+        left += [f"mount {line.split()[4]}" for line in handle if root in line]
+    alive = {pid for pid, _ in live_processes()}
+    left += [f"process {pid}" for pid in pids if pid in alive]
+    left += [f"process {pid}: {b' '.join(argv).decode(errors='replace')}" for pid, argv in live_processes()
+             if any(root.encode() in arg for arg in argv)]
+    return left
+
+
+@pytest.fixture(scope="session")
+def virtual_cluster(tmp_path_factory):
+    """A 3-node virtual cluster (scripts/local_slurm.sh up --nodes 3: network namespaces on a bridge of
+    their own, one slurmd each) for the whole test run: the environment its clients need, plus CLUSTER_DIR (its
+    folder), CLUSTER_SUBNET and CLUSTER_SCRATCH (the node-local folder's path, the same on every node).  Torn down at the end;
+    nothing it made may be left (asserted), and a process that merely looks like one of its daemons is
+    not touched."""
+    if os.geteuid() != 0:
+        pytest.skip("the virtual cluster needs root (network namespaces, SlurmUser=root)")
+    root = str(tmp_path_factory.mktemp("cluster"))
+    env = {**os.environ, "LOCAL_SLURM_DIR": root, "LOCAL_SLURM_PORT": str(_free_port_pair()),
+           "LOCAL_SLURM_SUBNET": _free_subnet(), "LOCAL_SLURM_CPUS": "2",
+           # A silent node is DOWN after 40 s: well after the node-loss test's ranks give up (20 s without
+           # progress), so that the job script, not SLURM's NODE_FAIL, is what finds the lost node there.
+           "LOCAL_SLURM_SLURMD_TIMEOUT": "40"}
+    script = str(REPO / "scripts" / "local_slurm.sh")
+    up = subprocess.run(["bash", script, "up", "--nodes", "3"], env=env, capture_output=True, text=True,
+                        timeout=600)
+    if up.returncode != 0:
+        subprocess.run(["bash", script, "down"], env=env, capture_output=True, timeout=300)
+        raise AssertionError(f"local_slurm.sh up --nodes 3 failed:\n{up.stdout}\n{up.stderr}")
+    values = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
+    decoy = subprocess.Popen(["bash", "-c", 'exec -a "slurmd -N node1 -f /etc/slurm/slurm.conf" sleep 86400'])
+    try:
+        yield {"SLURM_CONF": values["SLURM_CONF"], "OMPI_ALLOW_RUN_AS_ROOT": "1",
+               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "LOCAL_SLURM_DIR": root, "CLUSTER_DIR": root,
+               "CLUSTER_SCRATCH": values["SCRATCH"], "CLUSTER_SUBNET": env["LOCAL_SLURM_SUBNET"]}
+    finally:
+        made = pathlib.Path(root, "run", "made").read_text().splitlines() if pathlib.Path(root, "run", "made").exists() \
+            else []
+        pids = [int(p.read_text()) for p in pathlib.Path(root, "run").glob("*.pid") if p.read_text().strip().isdigit()]
+        down = subprocess.run(["bash", script, "down"], env=env, capture_output=True, text=True, timeout=300)
+        again = subprocess.run(["bash", script, "down"], env=env, capture_output=True, text=True, timeout=300)
+        decoy_survived = decoy.poll() is None
+        decoy.kill()
+        decoy.wait()
+        assert down.returncode == 0 and again.returncode == 0, (down.stderr, again.stderr)
+        assert decoy_survived, "local_slurm.sh down killed a process that was not its cluster's"
+        assert made and any(line.startswith("bridge ") for line in made), made
+        left = cluster_leftovers(root, made, pids)
+        assert not left, "left behind by the virtual cluster:\n" + "\n".join(left)

@@ -2,67 +2,22 @@
 start themselves (scripts/local_slurm.sh), ranks started by ``srun --mpi=pmix`` over Open MPI.
 
 Every job's final state is read with ``scontrol show job``, not only ``sbatch --wait``'s exit code.
-What one node cannot show (several nodes, real GPUs) is in tests/test_slurm.py with stub commands.
+Several nodes: tests/test_multinode.py; what needs real GPUs is in tests/test_slurm.py with stub commands.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import REPO, live_processes, tiny_cosmo_overrides
+from conftest import REPO, finished, job, live_processes, read, submit, tiny_cosmo_overrides, wait_for
 
 pytestmark = pytest.mark.slurm
-
-
-def submit(cluster, script, run_dir, *args, sbatch=(), env=None):
-    """``sbatch <sbatch options> script args``; the job id (:func:`finished` waits for it: sbatch --wait polls
-    only every few tens of seconds)."""
-    variables = {**cluster, "RUN_DIR": str(run_dir), "PYTHON": sys.executable, "HPC_DL_ROOT": str(REPO),
-                 **(env or {})}
-    command = ["sbatch", "--parsable", f"--output={run_dir}.out", *sbatch, script, *args]
-    result = subprocess.run(command, cwd=REPO, env={**os.environ, **variables}, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    return int(result.stdout.strip().splitlines()[0].split(";")[0])
-
-
-def read(path) -> str:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
-def job(cluster, job_id) -> dict:
-    """``scontrol show job`` as a dict."""
-    out = subprocess.run(["scontrol", "show", "job", str(job_id)], env={**os.environ, **cluster},
-                         capture_output=True, text=True).stdout
-    return dict(re.findall(r"(\w+)=(\S*)", out))
-
-
-def wait_for(condition, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def finished(cluster, job_id, timeout=600) -> dict:
-    done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-    return wait_for(lambda: (info := job(cluster, job_id)).get("JobState") in done and info, timeout,
-                    f"job {job_id} to end")
 
 
 def knl(cluster, run_dir, data, *extra, sbatch=(), **overrides):
