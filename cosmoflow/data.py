@@ -26,6 +26,12 @@ counts come from the files present: asking for more (``n_train``,
 
 from __future__ import annotations
 
+# The data tools (subset, manifest, verify: common/tools/datatools.py) need no TensorFlow: run before it loads.
+if __name__ == "__main__":
+    from common.tools.datatools import Layout, main
+    raise SystemExit(main(Layout("CosmoFlow", ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.h5", "*.hdf5")),
+                          prog="python -m cosmoflow.data"))
+
 import dataclasses
 import logging
 import math

@@ -19,6 +19,12 @@ events in order cut by ``data.fractions``.
 
 from __future__ import annotations
 
+# The data tools (subset, manifest, verify: common/tools/datatools.py) need no TensorFlow: run before it loads.
+if __name__ == "__main__":
+    from common.tools.datatools import Layout, main
+    raise SystemExit(main(Layout("HEP", ("*.h5", "*.hdf5"), rows_per_file=True,
+                                 count_datasets=("label", "all_events/y", "y")), prog="python -m hep_cnn.data"))
+
 import dataclasses
 import json
 import logging
