@@ -610,7 +610,11 @@ case "$command" in
         if [ -z "$ROOT" ]; then echo "no cluster (nothing recorded in $STATE)"; exit 1; fi
         read_settings
         if [ "$NODES" = 1 ]; then status; else status_nodes; fi ;;
-    exec) resolve_root 0; read_settings; need_nodes "${1:-}"; node=$1; shift; on_node "$node" "$@" ;;
+    exec)
+        resolve_root 0; read_settings; need_nodes "${1:-}"; node=$1; shift
+        # Under the node's CPU quota, as its jobs are (when the cluster was started with one).
+        if [ -d "$CGROUP/$node" ]; then echo "$$" > "$CGROUP/$node/cgroup.procs"; fi
+        on_node "$node" "$@" ;;
     kill) resolve_root 0; read_settings; need_nodes "${1:-}"; kill_node "$1" ;;
     *) echo "usage: $0 up [--nodes N] | status | down | exec nodeK CMD... | kill nodeK" >&2; exit 2 ;;
 esac
