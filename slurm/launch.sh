@@ -47,6 +47,10 @@ forward() {
         EARLY_SIGNAL=$1
         return
     fi
+    if ! kill -0 "$TRAINER" 2>/dev/null; then
+        echo "launch: $1 received after the trainer had ended" >&2
+        return
+    fi
     echo "launch: $1 received; asking the ranks to checkpoint at their next step and stop" >&2
     kill -s USR1 "$TRAINER" 2>/dev/null || true
 }
