@@ -263,8 +263,8 @@ def _keep_global_batch(cfg: AppConfig, dist: Distributed, claim: Claim) -> None:
     stopped.  A global batch the ranks cannot share is a one-line refusal (exit 2) saying what to set."""
     verdict: int | str | None = None
     if dist.is_root and claim.latest is not None:
-        newest = [checkpoint.read_state(path) for path in reversed(checkpoint.list_checkpoints(claim.latest.parent))]
-        state = next((found for found in newest if found is not None), None)
+        newest = (checkpoint.read_state(path) for path in reversed(checkpoint.list_checkpoints(claim.latest.parent)))
+        state = next((found for found in newest if found is not None), None)   # the newest readable record only
         saved, ranks_then = (state or {}).get("global_batch_size"), (state or {}).get("ranks")
         if saved and ranks_then and ranks_then != dist.size and saved != cfg.data.batch_size * dist.size:
             if saved % dist.size:
