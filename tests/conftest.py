@@ -174,6 +174,13 @@ def read(path) -> str:
         return ""
 
 
+def final_weights(run_dir):
+    """The weights of ``run_dir/model.keras``."""
+    import keras   # deferred: only the SLURM tests that compare trained models read one
+
+    return keras.models.load_model(run_dir / "model.keras", compile=False).get_weights()
+
+
 def job(cluster, job_id) -> dict:
     """``scontrol show job`` as a dict."""
     out = subprocess.run(["scontrol", "show", "job", str(job_id)], env={**os.environ, **cluster},

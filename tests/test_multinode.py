@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from common.storage import checkpoint
-from conftest import REPO, finished, job, live_processes, read, submit, tiny_cosmo_overrides, wait_for
+from conftest import REPO, final_weights, finished, job, live_processes, read, submit, tiny_cosmo_overrides, wait_for
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm]
 
@@ -110,12 +110,6 @@ def test_knl_script_across_three_nodes(virtual_cluster, tiny_cosmo_data, tmp_pat
         shares.append({p.name for p in (local / f"rank-{rank}").glob("*.tfrecord")})
     everything = {p.name for p in (tiny_cosmo_data / "train").glob("*.tfrecord")}
     assert sum(len(s) for s in shares) == len(everything) == 32 and set().union(*shares) == everything, shares
-
-
-def final_weights(run_dir):
-    import keras
-
-    return keras.models.load_model(run_dir / "model.keras", compile=False).get_weights()
 
 
 def test_hierarchical_allreduce_across_two_nodes(virtual_cluster, tiny_cosmo_data, tmp_path):

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, finished, job, live_processes, read, submit, tiny_cosmo_overrides, wait_for
+from conftest import REPO, final_weights, finished, job, live_processes, read, submit, tiny_cosmo_overrides, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -59,12 +59,6 @@ def test_knl_script_trains_two_instances_unchanged(slurm_cluster, tiny_cosmo_dat
         assert summary["ranks"] == 1 and summary["controller"] == "mpi" and summary["epochs_completed"] == 2
         assert len(list((stage / f"instance-{k}-rank-0").glob("*.tfrecord"))) == 32
     assert "staged the training files of 2 rank(s) in 2 instances" in (run / "train.restart-0.log").read_text()
-
-
-def final_weights(run_dir):
-    import keras
-
-    return keras.models.load_model(run_dir / "model.keras", compile=False).get_weights()
 
 
 def test_preemption_requeue_and_exact_resume(slurm_cluster, tiny_cosmo_data, tmp_path):

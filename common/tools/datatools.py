@@ -32,6 +32,7 @@ import fnmatch
 import hashlib
 import os
 import pathlib
+import shutil
 import sys
 import zlib
 
@@ -119,9 +120,7 @@ def subset(layout: Layout, source, target, n: int, seed: int = 0) -> dict:
 
 def _copy(source: pathlib.Path, destination: pathlib.Path) -> None:
     destination.parent.mkdir(parents=True, exist_ok=True)
-    with open(source, "rb") as reader, open(destination, "wb") as writer:
-        while chunk := reader.read(CHUNK_BYTES):
-            writer.write(chunk)
+    shutil.copyfile(source, destination)
 
 
 def _subset_rows(layout: Layout, samples: list[pathlib.Path], source: pathlib.Path, work: pathlib.Path, n: int,
@@ -221,15 +220,15 @@ def check_files(paths: list[pathlib.Path], workers: int, progress: bool) -> list
     # deferred: tqdm only for the verification's progress bar
     from tqdm import tqdm
 
-    total = sum(p.stat().st_size for p in paths if p.exists())
+    sizes = [p.stat().st_size if p.exists() else 0 for p in paths]
     results: list[FileCheck | None] = [None] * len(paths)
-    with tqdm(total=total, unit="B", unit_scale=True, disable=not progress, file=sys.stderr,
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, disable=not progress, file=sys.stderr,
               desc="checking") as bar, concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
         futures = {pool.submit(check_file, path): i for i, path in enumerate(paths)}
         for future in concurrent.futures.as_completed(futures):
             i = futures[future]
             results[i] = future.result()
-            bar.update(paths[i].stat().st_size if paths[i].exists() else 0)
+            bar.update(sizes[i])
     return results   # type: ignore[return-value]
 
 
