@@ -32,7 +32,7 @@
 set -euo pipefail
 
 STATE=${LOCAL_SLURM_STATE:-${HOME:-/root}/.local/state/hpc-dl-suite/local-slurm-dir}
-PACKAGES=(slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev)
+PACKAGES=(slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev iproute2)   # iproute2: ip, for --nodes
 
 log() { echo "local_slurm: $*" >&2; }
 
@@ -103,6 +103,7 @@ install_packages() {
     local missing=()
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null || missing+=(x)
     command -v munged >/dev/null && command -v mpirun >/dev/null || missing+=(x)
+    command -v ip >/dev/null || missing+=(x)
     [ "${#missing[@]}" = 0 ] && return 0
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
         log "SLURM, munge or Open MPI missing and cannot be installed here (needs root and apt-get)"
