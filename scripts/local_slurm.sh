@@ -15,6 +15,11 @@
 #   scripts/local_slurm.sh exec nodeK CMD...  # run CMD on node K (its network, hostname and mounts)
 #   scripts/local_slurm.sh kill nodeK        # node K crashes: its link goes down, then every process on it is
 #                                   # SIGKILLed (peers see silence, not a closed connection); `up` restarts it
+#   scripts/local_slurm.sh limit [--cpu-percent P|off] [--link-rate RATE|off]
+#                                   # on a running cluster of several nodes: each node's CPU quota (cgroup v1,
+#                                   # P % of one core, for every process on it, its jobs included) and the rate
+#                                   # of its link, both directions (tc tbf on both ends, RATE as tc writes it:
+#                                   # 40mbit, 1gbit); kept for a node that `up` restarts; `status` shows them
 #
 # Environment: LOCAL_SLURM_DIR (the cluster's folder: created if absent; an existing one must be a real
 # folder owned by this user that nobody else can write to), LOCAL_SLURM_CPUS (CPUs each node advertises,
@@ -390,21 +395,17 @@ start_node() {
         log "$node did not start (see $ROOT/log/$node.log)"
         exit 1
     fi
-    if [ -n "$CPU_PERCENT" ]; then
-        if [ ! -d "$CGROUP" ]; then
-            mkdir "$CGROUP"
-            record cgroup "$CGROUP"
-        fi
-        mkdir -p "$CGROUP/$node"
-        echo 100000 > "$CGROUP/$node/cpu.cfs_period_us"
-        echo $(( CPU_PERCENT * 1000 )) > "$CGROUP/$node/cpu.cfs_quota_us"
-        echo "$holder" > "$CGROUP/$node/cgroup.procs"
-    fi
+    local percent=$CPU_PERCENT
+    if [ -s "$ROOT/run/cpu_percent" ]; then percent=$(cat "$ROOT/run/cpu_percent"); fi   # set by `limit`
+    # In the quota before slurmd starts: slurmd and the jobs it starts inherit it.
+    if [ -n "$percent" ]; then set_cpu_quota "$node" "$percent"; fi
+    # Limits set by `limit` on this running cluster hold for a restarted node too.
+    if [ -s "$ROOT/run/link_rate" ]; then set_link_rate "$node" "$(cat "$ROOT/run/link_rate")"; fi
     if ! on_node "$node" slurmd -N "$node" -f "$CONF"; then
         log "slurmd of $node did not start (see $ROOT/log/slurmd-$node.log)"
         exit 1
     fi
-    if [ -n "$CPU_PERCENT" ]; then
+    if [ -n "$percent" ]; then   # slurmd daemonises from on_node's process, outside the holder: moved in too
         local slurmd_pid
         for _ in $(seq 50); do slurmd_pid=$(pid_of "slurmd-$node"); alive "$slurmd_pid" && break; sleep 0.1; done
         if alive "$slurmd_pid"; then echo "$slurmd_pid" > "$CGROUP/$node/cgroup.procs"; fi
@@ -507,6 +508,67 @@ up_nodes() {
     exit 1
 }
 
+# Node K's CPU quota (P % of one core, -1: none) for every process in its namespace, and the processes
+# started there later (they inherit it).  A 10 ms period: a process over its share waits a few ms, not the
+# tens of ms a 100 ms period would stop it for (steps and messages of tens of ms would jitter by that much).
+set_cpu_quota() {
+    local node=$1 percent=$2 pid
+    if [ ! -d "$CGROUP" ]; then
+        mkdir "$CGROUP"
+        record cgroup "$CGROUP"
+    fi
+    mkdir -p "$CGROUP/$node"
+    echo 10000 > "$CGROUP/$node/cpu.cfs_period_us"
+    if [ "$percent" = off ]; then echo -1; else echo $(( percent * 100 )); fi > "$CGROUP/$node/cpu.cfs_quota_us"
+    for pid in $(ip netns pids "$(netns_of "$node")" 2>/dev/null); do
+        echo "$pid" > "$CGROUP/$node/cgroup.procs" 2>/dev/null || true   # one that just ended
+    done
+}
+
+# Node K's link at RATE in both directions: a token bucket on the bridge's end (traffic to the node) and
+# on the node's end (traffic from it); `off` removes both.
+set_link_rate() {
+    local node=$1 rate=$2 ns veth
+    ns=$(netns_of "$node")
+    veth=$(veth_of "$node")
+    tc qdisc del dev "$veth" root 2>/dev/null || true
+    tc -n "$ns" qdisc del dev "$NODE_IF" root 2>/dev/null || true
+    if [ "$rate" != off ]; then
+        tc qdisc add dev "$veth" root tbf rate "$rate" burst 32kbit latency 400ms
+        tc -n "$ns" qdisc add dev "$NODE_IF" root tbf rate "$rate" burst 32kbit latency 400ms
+    fi
+}
+
+limit_nodes() {
+    local cpu='' rate='' k
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --cpu-percent) cpu=${2:-}; shift 2 || true ;;
+            --link-rate) rate=${2:-}; shift 2 || true ;;
+            *) log "limit: unknown option $1 (expected --cpu-percent P|off, --link-rate RATE|off)"; exit 2 ;;
+        esac
+    done
+    if [ -n "$cpu" ] && [ "$cpu" != off ] && ! [[ "$cpu" =~ ^[1-9][0-9]{0,2}$ ]]; then
+        log "limit --cpu-percent $cpu: expected a whole percentage of one core (1-999) or off"
+        exit 2
+    fi
+    if [ -n "$rate" ] && [ "$rate" != off ] && ! [[ "$rate" =~ ^[1-9][0-9]*(\.[0-9]+)?[kmg]?(bit|bps)$ ]]; then
+        log "limit --link-rate $rate: expected a rate as tc writes it (40mbit, 1gbit, 500kbit) or off"
+        exit 2
+    fi
+    if [ -z "$cpu$rate" ]; then log "limit: nothing to set (--cpu-percent P|off, --link-rate RATE|off)"; exit 2; fi
+    for k in $(seq "$NODES"); do
+        if [ -n "$cpu" ]; then set_cpu_quota "node$k" "$cpu"; fi
+        if [ -n "$rate" ]; then set_link_rate "node$k" "$rate"; fi
+    done
+    if [ -n "$cpu" ]; then echo "$cpu" | write_file "$ROOT/run/cpu_percent"; fi
+    if [ -n "$rate" ]; then echo "$rate" | write_file "$ROOT/run/link_rate"; fi
+    echo "cpu per node: $(limits_cpu), link rate per node: $(limits_rate)"
+}
+
+limits_cpu() { local v; v=$(cat "$ROOT/run/cpu_percent" 2>/dev/null || true); if [ -n "$v" ] && [ "$v" != off ]; then echo "$v% of one core"; else echo "no limit"; fi; }
+limits_rate() { local v; v=$(cat "$ROOT/run/link_rate" 2>/dev/null || true); if [ -n "$v" ] && [ "$v" != off ]; then echo "$v"; else echo "no limit"; fi; }
+
 status_nodes() {
     local ok=0 name pid k state
     for name in munged slurmctld; do
@@ -522,6 +584,7 @@ status_nodes() {
             ok=1
         fi
     done
+    echo "limits: cpu per node $(limits_cpu), link rate per node $(limits_rate)"
     return "$ok"
 }
 
@@ -547,7 +610,7 @@ down_nodes() {
         done
         rmdir "$name" 2>/dev/null || true
     done
-    rm -f "$ROOT/run/made" "$ROOT/run/nodes"
+    rm -f "$ROOT/run/made" "$ROOT/run/nodes" "$ROOT/run/cpu_percent" "$ROOT/run/link_rate"
 }
 
 # NODES: the recorded size of the cluster in ROOT (1 when none is recorded); `up --nodes N` sets it.
@@ -617,5 +680,6 @@ case "$command" in
         if [ -d "$CGROUP/$node" ]; then echo "$$" > "$CGROUP/$node/cgroup.procs"; fi
         on_node "$node" "$@" ;;
     kill) resolve_root 0; read_settings; need_nodes "${1:-}"; kill_node "$1" ;;
-    *) echo "usage: $0 up [--nodes N] | status | down | exec nodeK CMD... | kill nodeK" >&2; exit 2 ;;
+    limit) resolve_root 0; read_settings; need_nodes node1; limit_nodes "$@" ;;
+    *) echo "usage: $0 up [--nodes N] | status | down | exec nodeK CMD... | kill nodeK | limit [--cpu-percent P|off] [--link-rate RATE|off]" >&2; exit 2 ;;
 esac
