@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -133,13 +134,20 @@ class Distributed:
         """A picklable Python object from every rank of the job, as a list indexed by world rank."""
         return [obj]
 
+    def time_allreduce(self, n_bytes: int, participants: int, repeats: int) -> list[float]:
+        """Seconds of each of ``repeats`` sum-allreduces of a float32 buffer of ``n_bytes`` over the first
+        ``participants`` ranks, timed on this rank (a microbenchmark: :mod:`common.tools.sysbench`); ranks
+        outside them return ``[]`` at once.  One process has nobody to talk to."""
+        return []
+
 
 class HorovodDistributed(Distributed):
     """Horovod ranks (horovodrun, mpirun, srun)."""
 
     backend = "horovod"
 
-    def __init__(self, hvd, groups: int = 1, process_sets=None, instances: int = 1, instance_set=None):
+    def __init__(self, hvd, groups: int = 1, process_sets=None, instances: int = 1, instance_set=None,
+                 prefix_sets: dict | None = None):
         super().__init__()
         self._hvd = hvd
         self.world_rank, self.world_size = hvd.rank(), hvd.size()
@@ -160,6 +168,7 @@ class HorovodDistributed(Distributed):
         self.is_group_leader = self.rank == self.group_root
         self._group_set, self._leaders_set = process_sets if process_sets else (None, None)
         self._exchanger = None
+        self._prefix_sets = dict(prefix_sets or {})
 
     def _everyone(self) -> dict:
         """The process set of "every rank": this instance's, or Horovod's global one."""
@@ -255,8 +264,25 @@ class HorovodDistributed(Distributed):
     def world_allgather_object(self, obj) -> list:
         return self._hvd.allgather_object(obj, name="world_allgather_object")
 
+    def time_allreduce(self, n_bytes: int, participants: int, repeats: int) -> list[float]:
+        if participants > self.world_size or (participants < self.world_size
+                                              and participants not in self._prefix_sets):
+            raise ValueError(f"no process set of the first {participants} ranks (distributed.init(prefix_sets=True))")
+        if self.world_rank >= participants:
+            return []
+        scope = {"process_set": self._prefix_sets[participants]} if participants < self.world_size else {}
+        buffer = tf.ones([max(1, n_bytes // 4)], tf.float32)
+        self._hvd.allreduce(buffer, op=self._hvd.Sum, name=f"time_allreduce_{participants}_warm", **scope).numpy()
+        times = []
+        for k in range(repeats):
+            start = time.perf_counter()
+            self._hvd.allreduce(buffer, op=self._hvd.Sum, name=f"time_allreduce_{participants}", **scope).numpy()
+            times.append(time.perf_counter() - start)
+        return times
+
 
 _CURRENT: Distributed | None = None
+_THREADS_CONFIGURED = False
 
 
 def horovod_build() -> dict | None:
@@ -274,7 +300,7 @@ def horovod_build() -> dict | None:
 
 
 def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = True, groups: int = 1,
-         instances: int = 1) -> Distributed:
+         instances: int = 1, prefix_sets: bool = False) -> Distributed:
     """Start the distributed backend once per process and return it.
 
     Horovod is used when a launcher says the world has more than one rank or
@@ -290,6 +316,10 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
     ``instances > 1`` registers one process set per instance (size / instances
     contiguous ranks) and returns this rank's instance as "every rank": rank,
     size and every collective are the instance's; ``world_*`` are the job's.
+
+    ``prefix_sets`` registers a process set of the first p ranks for every p
+    from 2 to size - 1 (:meth:`Distributed.time_allreduce` over fewer ranks than
+    the job's; not with groups or instances).
     """
     global _CURRENT
     if _CURRENT is not None:
@@ -306,9 +336,12 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
                 f"launched as {launched} ranks but Horovod is not importable ({exc}); run `make setup`") from None
         warnings.warn("Horovod is not importable; running as a single process", RuntimeWarning, stacklevel=2)
         hvd_module = None
-    process_sets, instance_set = None, None
+    process_sets, instance_set, prefixes = None, None, {}
     if hvd_module is not None and (launched > 1 or "HOROVOD_RANK" in os.environ):
-        if instances > 1:
+        if prefix_sets:
+            prefixes = {p: hvd_module.ProcessSet(list(range(p))) for p in range(2, launched)}
+            hvd_module.init(process_sets=list(prefixes.values()))
+        elif instances > 1:
             instance_size, instance_sets = _contiguous_sets(hvd_module, launched, instances, "instances")
             hvd_module.init(process_sets=instance_sets)
             instance_set = instance_sets[hvd_module.rank() // instance_size]
@@ -329,9 +362,9 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
                              f"(launch with horovodrun -np N, srun or mpirun)")
 
     local_size = hvd.local_size() if hvd is not None else _local_size_hint() if launched > 1 else 1
-    _configure_threads(intra_op_threads, inter_op_threads, local_size)
+    configure_threads(intra_op_threads, inter_op_threads, local_size)
     dist = (HorovodDistributed(hvd, groups=groups, process_sets=process_sets, instances=instances,
-                               instance_set=instance_set) if hvd is not None else Distributed())
+                               instance_set=instance_set, prefix_sets=prefixes) if hvd is not None else Distributed())
     if pin_gpu:
         _pin_gpu(dist.local_rank)
     _CURRENT = dist
@@ -346,7 +379,13 @@ def _contiguous_sets(hvd_module, ranks: int, parts: int, key: str):
     return size, [hvd_module.ProcessSet(list(range(k * size, (k + 1) * size))) for k in range(parts)]
 
 
-def _configure_threads(intra_op_threads: int, inter_op_threads: int, local_size: int) -> None:
+def configure_threads(intra_op_threads: int, inter_op_threads: int, local_size: int) -> None:
+    """TensorFlow's thread pools: ``intra_op_threads`` (0: this node's cores over ``local_size`` ranks) and
+    ``inter_op_threads`` (0: TensorFlow's default); once, before TensorFlow starts (later calls change nothing)."""
+    global _THREADS_CONFIGURED
+    if _THREADS_CONFIGURED:
+        return
+    _THREADS_CONFIGURED = True
     if intra_op_threads == 0:
         intra_op_threads = max(1, (os.cpu_count() or 1) // max(1, local_size))
     try:
