@@ -490,6 +490,7 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
     summary = _summary(app, cfg, dist, run, history, peak_flops_total, time.time() - started, first_epoch,
                        mlperf_callback)
     summary["started_unix"] = started
+    summary["step_time_s"] = step_time_summary(throughput.step_times)
     if precise_bn is not None:
         summary["precise_bn"] = precise_bn
     if dist.is_root:
@@ -628,6 +629,17 @@ def _summary(app: Application, cfg: AppConfig, dist: Distributed, run: Run, hist
         summary["mlperf_target_reached"] = mlperf_callback.reached
         summary["mlperf_time_to_target_s"] = mlperf_callback.reached_after_s   # this run's run_start; None: not reached
     return summary
+
+
+def step_time_summary(step_times: list[list[float]]) -> dict | None:
+    """Median and 10th/90th percentiles of the timed step durations of the epochs after the first (tracing,
+    pipeline start) when there are several, else of all; None when no step was timed."""
+    steady = [t for epoch in (step_times[1:] if len(step_times) > 1 else step_times) for t in epoch]
+    if not steady:
+        return None
+    p10, median, p90 = np.percentile(steady, [10, 50, 90])
+    return {"median": float(median), "p10": float(p10), "p90": float(p90), "mean": float(np.mean(steady)),
+            "std": float(np.std(steady)), "steps": len(steady)}
 
 
 def _log_mlperf_hyperparameters(mlperf_log: MlperfLog, app: Application, cfg: AppConfig, datasets: Datasets,

@@ -49,6 +49,11 @@ def test_run_directory_contents(trained_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["ranks"] == 1 and summary["epochs_completed"] == 2
     assert summary["forward_flops_per_sample"] > 0 and "3 x forward" in summary["flop_convention"]
+    # Step times of the steady epoch (the second): 8 steps of 4 samples, the first 2 not timed; together no
+    # longer than that epoch's own wall time.
+    steps = summary["step_time_s"]
+    assert steps["steps"] == 8 - 2 and steps["p10"] <= steps["median"] <= steps["p90"]
+    assert 0 < steps["mean"] * steps["steps"] <= float(rows[1]["epoch_time_s"])
     assert "epoch 2/2:" in result.stdout and "TFLOP/s" in result.stdout
 
 

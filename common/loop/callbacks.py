@@ -101,6 +101,8 @@ class Throughput(keras.callbacks.Callback):
     its last step, so the first step (tracing, pipeline start) is left out.
     Adds ``samples_per_second``, ``tflops_per_second`` (training = 3 x
     forward) and, when a peak is known, ``ratio_to_peak`` to the epoch logs.
+    ``step_times``: the timed steps' durations of each epoch (seconds, one
+    list per epoch), for median step times (summary.json, the scaling model).
 
     Args:
         global_batch_size: samples per step over all ranks.
@@ -116,9 +118,11 @@ class Throughput(keras.callbacks.Callback):
         self.training_flops_per_sample = TRAINING_FLOPS_FACTOR * forward_flops_per_sample
         self.peak_flops_total = peak_flops_total
         self.warmup_steps = warmup_steps
+        self.step_times: list[list[float]] = []
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.perf_counter()
+        self.step_times.append([])
         self._timer_start = None
         self._timed_steps = 0
         self._steps = 0
@@ -128,9 +132,10 @@ class Throughput(keras.callbacks.Callback):
         now = time.perf_counter()
         if self._timer_start is None:
             if self._steps >= max(1, self.warmup_steps):
-                self._timer_start = now
+                self._timer_start = self._timer_end = now
         else:
             self._timed_steps += 1
+            self.step_times[-1].append(now - self._timer_end)
             self._timer_end = now
 
     def on_epoch_end(self, epoch, logs=None):
