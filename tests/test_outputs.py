@@ -157,3 +157,21 @@ def test_force_starts_a_run_afresh_and_writes_beside_other_files(tiny_cosmo_data
     assert summary["epochs_completed"] == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-epoch-00001.npz"]
     assert (run / "notes.txt").read_bytes() == FOREIGN
+
+
+def test_a_yaml_file_the_suite_wrote_is_known_by_its_first_line(tmp_path):
+    """System files (common.tools.sysbench) are YAML read by a strict schema: the suite's mark is a first-line
+    comment, so a rerun may replace its own file and never a user's."""
+    import yaml   # deferred: only this test reads YAML back
+
+    from common.storage import outputs
+
+    ours, theirs = tmp_path / "measured.yaml", tmp_path / "mine.yaml"
+    outputs.write_yaml(ours, {"name": "virtual", "network": {"latency_s": 1e-3}}, "common.tools.sysbench")
+    theirs.write_text("# my system\nname: mine\n")
+    assert outputs.written_by_suite(ours) and not outputs.written_by_suite(theirs)
+    assert yaml.safe_load(ours.read_text()) == {"name": "virtual", "network": {"latency_s": 1e-3}}
+    outputs.write_yaml(ours, {"name": "again"}, "common.tools.sysbench")
+    with pytest.raises(Exception, match="mine.yaml"):
+        outputs.write_yaml(theirs, {"name": "x"}, "common.tools.sysbench")
+    assert theirs.read_text() == "# my system\nname: mine\n"

@@ -45,6 +45,7 @@ from common.errors import DataError, UserInputError
 
 SUITE = "hpc-dl-suite"
 WRITTEN_BY = "written_by"
+YAML_MARK = f"# {WRITTEN_BY}: "
 RUN_MARKER = ".hpc-dl-suite-run"
 RUN_LOCK = ".hpc-dl-suite-run.lock"
 HDF5_SUFFIXES = (".h5", ".hdf5", ".nc", ".nc4")
@@ -133,6 +134,10 @@ def _embedded_mark(path: pathlib.Path) -> str:
     if suffix == ".json":
         value = json.loads(path.read_text())
         return str(value.get(WRITTEN_BY, "")) if isinstance(value, dict) else ""
+    if suffix in (".yaml", ".yml"):
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            first = handle.readline()
+        return first[len(YAML_MARK):].strip() if first.startswith(YAML_MARK) else ""
     if suffix == ".png":
         from PIL import Image   # deferred: Pillow (matplotlib's) only for a PNG file
 
@@ -235,6 +240,15 @@ def write_json(path, payload: dict, tool: str, force: bool = False) -> None:
     """``payload`` plus its ``written_by`` key, atomically."""
     with atomic_path(path, force) as temporary:
         temporary.write_text(json.dumps({**payload, WRITTEN_BY: provenance(tool)}, indent=2) + "\n")
+
+
+def write_yaml(path, payload: dict, tool: str, force: bool = False) -> None:
+    """``payload`` as YAML, atomically, under a first-line comment that says the suite wrote it (a key would be
+    one the file's schema does not know)."""
+    import yaml   # deferred: PyYAML only where a YAML file is written
+
+    with atomic_path(path, force) as temporary:
+        temporary.write_text(f"{YAML_MARK}{provenance(tool)}\n" + yaml.safe_dump(payload, sort_keys=False))
 
 
 def write_text(path, text: str, force: bool = False) -> None:
