@@ -15,8 +15,8 @@ from common.console import quiet
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRY_POINTS = ["cosmoflow.train", "hep_cnn.train", "climate_seg.train", "cosmoflow.evaluate", "hep_cnn.evaluate",
                 "climate_seg.evaluate", "common.tools.check_data", "common.tools.bench", "common.tools.slurm",
-                "common.tools.scaling", "common.tools.build_info", "cosmoflow.data", "hep_cnn.data",
-                "climate_seg.cam5.data"]
+                "common.tools.scaling", "common.tools.sysbench", "common.tools.build_info", "cosmoflow.data",
+                "hep_cnn.data", "climate_seg.cam5.data"]
 # Any Abseil log line, at any level: "E0000 00:00:1796281232.920796   21326 util.cc:131] ...".
 ABSEIL_LINE = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] ")
 

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import time
@@ -247,3 +248,75 @@ def test_a_node_lost_mid_run_resumes_on_the_nodes_left(virtual_cluster, tiny_cos
     curve = 0.5 * (1 + np.cos(math.pi * last_steps / (epochs * steps)))
     np.testing.assert_allclose(rates, 0.01 * (0.05 + 0.95 * curve), rtol=1e-5)   # float32 arithmetic
     assert {p.name for p in (scratch_of(cluster, "node2") / f"stage-{tmp_path.name}").iterdir()} == {"rank-1"}
+
+
+
+# --- Measuring the system for the scaling model (#27; the model-vs-measurement comparison is not yet a test) ---
+
+# Open MPI for a slow TCP link: its ring allreduce (its fixed rules picked an algorithm that took 2.05x the
+# 2-rank time at 3 ranks on these links), and messages up to 4 MiB sent eagerly (with the default 64 KiB
+# limit the rendezvous handshake of one direction waits behind the other direction's data on the one TCP
+# connection of a pair, which serialised a 2-rank exchange: 1.19 s instead of 0.59 s at 20 Mbit/s).
+MPI_FOR_SLOW_LINKS = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
+                      "OMPI_MCA_btl_tcp_eager_limit": "4194304", "OMPI_MCA_btl_tcp_rndv_eager_limit": "4194304",
+                      "OMPI_MCA_btl_tcp_max_send_size": "4194304"}
+
+
+def wrapped_job(cluster, nodes, out, *command, timeout=420) -> None:
+    """``srun --mpi=pmix COMMAND`` on ``nodes`` nodes, one rank each, as a batch job; it must complete."""
+    line = " ".join(shlex.quote(part) for part in ["srun", "--mpi=pmix", *command])
+    result = subprocess.run(["sbatch", "--parsable", f"--output={out}", "-N", str(nodes), "--ntasks-per-node=1",
+                             f"--chdir={REPO}", "--wrap", line],
+                            env={**os.environ, **cluster, **MPI_FOR_SLOW_LINKS}, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    info = finished(cluster, int(result.stdout.strip().split(";")[0]), timeout=timeout)
+    assert info["JobState"] == "COMPLETED", (info, read(out)[-3000:])
+
+
+def test_sysbench_measures_shaped_links_under_a_cpu_quota(virtual_cluster, tiny_cosmo_data, tmp_path):
+    """`local_slurm.sh limit` shapes every node's link (tc tbf on both ends) and sets its CPU quota;
+    common.tools.sysbench, run as a job on the 3 nodes, measures them and writes a system file the scaling
+    model reads, whose allreduce prices are the measured ones."""
+    from common.tools import scaling   # deferred: pydantic models, only here
+
+    cluster = virtual_cluster
+    overrides = tiny_cosmo_overrides(tiny_cosmo_data, epochs=2) + [
+        "--set", "train.throughput_warmup_steps=1", "--set", "train.intra_op_threads=1",
+        "--set", "train.inter_op_threads=1", "--set", "mlperf.enabled=false"]
+    rate_Bps = 20e6 / 8
+    local_slurm(cluster, "limit", "--cpu-percent", "50", "--link-rate", "20mbit")
+    try:
+        assert "limits: cpu per node 50% of one core, link rate per node 20mbit" in local_slurm(cluster, "status").stdout
+        for k in (1, 2, 3):
+            assert "tbf" in on_node(cluster, f"node{k}", "tc", "qdisc", "show", "dev", "hpcdl0")
+        system_file = tmp_path / "virtual.yaml"
+        wrapped_job(cluster, 3, tmp_path / "sysbench.out", sys.executable, "-m", "common.tools.sysbench",
+                    "--config", "configs/cosmoflow/demo.yaml", *overrides, "--out", str(system_file),
+                    "--name", "virtual-20mbit", "--repeats", "3")
+    finally:
+        local_slurm(cluster, "limit", "--cpu-percent", "off", "--link-rate", "off")
+    for k in (1, 2, 3):
+        assert "tbf" not in on_node(cluster, f"node{k}", "tc", "qdisc", "show", "dev", "hpcdl0")
+    system = scaling.load_system(str(system_file))
+    measured = system.measured
+    # The shaped link: TCP gets at most the token rate (burst 4 KB), and more than half of it.
+    p2p = measured["point_to_point"]
+    assert 0.5 * rate_Bps < p2p["bandwidth_Bps"] <= 1.02 * rate_Bps, p2p
+    # A 3-rank ring allreduce of n bytes sends 4/3 n from every node: no faster than the link allows.
+    gradient_bytes = measured["compute"][0]["gradient_bytes"]
+    three = system.network.allreduce_s[3]
+    assert sorted(system.network.allreduce_s) == [2, 3] and max(three) == gradient_bytes
+    assert three[gradient_bytes] >= 4 / 3 * gradient_bytes / rate_Bps * 0.95, three
+    # Every rank timed its steps, before and with Horovod.
+    for compute in measured["compute"] + measured["compute_before_horovod"]:
+        assert compute["steps"] == 7 and compute["median_step_s"] > 0, compute
+    assert system.measured_samples_per_second and system.measured_samples_per_second_one_node
+    # The model prices a 3-node step's gradients at the measured time (one fused buffer), plus the step signals.
+    work = scaling.Workload(parameters=gradient_bytes // 4, training_flops_per_sample=1.0, local_batch=4,
+                            rank_samples_per_second=system.measured_samples_per_second, small_collectives_per_step=1,
+                            overlap=0.0, lag_hides_step=False)
+    row = scaling.project(work, system, 3)
+    smallest = min(three)
+    assert row["allreduce_s"] == pytest.approx(three[gradient_bytes] + three[smallest], rel=1e-12)
+    assert row["compute_s"] == pytest.approx(4 / system.measured_samples_per_second, rel=1e-12)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import yaml
 
 from common.errors import ConfigError
+from common.tools import scaling
 from common.tools.scaling import (SYSTEMS_DIR, System, Workload, allreduce_time, communication_time, load_system,
                             project, published_points)
 from tests.conftest import run_python
@@ -103,3 +105,33 @@ def test_a_bad_system_file_is_named_with_its_key(tmp_path, edit, message):
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match=f"^{path}: .*" + message.replace("(", r"\(").replace(".", r"\.")):
         load_system(str(path))
+
+
+def test_measured_allreduce_prices_and_the_fit_of_latency_and_bandwidth():
+    """A system file's measured allreduce times are interpolated like numpy.interp inside their range, and
+    sysbench's fit recovers the latency and bandwidth of times made by the alpha-beta formula by hand."""
+    from common.tools.sysbench import fit_network
+
+    table = {4096.0: 0.01, 32768.0: 0.02, 262144.0: 0.1, 1395472.0: 0.6}
+    sizes, times = zip(*sorted(table.items()))
+    for n in (5000.0, 100000.0, 1e6, 1395472.0):
+        assert scaling.measured_allreduce(table, n) == pytest.approx(np.interp(n, sizes, times), rel=1e-12)
+    assert scaling.measured_allreduce(table, 16) == 0.01                       # below: the smallest's time
+    assert scaling.measured_allreduce(table, 2 * 1395472.0) == pytest.approx(0.6 + 0.5 * 1395472.0 / (1395472.0 - 262144.0))
+    # By hand, one rank per node: 2(p-1) rounds (ring) or 2 ceil(log2 p) (tree), the cheaper, plus Horovod's
+    # 2 ceil(log2 p) negotiation rounds; 2(p-1)/p n bytes over the bandwidth.
+    latency, bandwidth = 3e-3, 2.5e6
+    rows = []
+    for p, rounds in ((2, 2 + 2), (3, 4 + 4), (4, 4 + 4)):
+        for n in (4096, 65536, 1 << 20):
+            rows.append({"ranks": p, "bytes": n, "seconds": rounds * latency + 2 * (p - 1) / p * n / bandwidth})
+    fitted_latency, fitted_bandwidth, worst = fit_network(rows)
+    assert fitted_latency == pytest.approx(latency, rel=1e-9) and fitted_bandwidth == pytest.approx(bandwidth, rel=1e-9)
+    assert worst < 1e-9
+    # The model's own alpha-beta price of one 16-byte collective plus a gradient buffer agrees with the rows.
+    system = scaling.load_system("cori-knl").model_copy(update={"network": scaling.Network(
+        latency_s=latency, node_bandwidth_Bps=bandwidth, intra_node_latency_s=0.0, intra_node_bandwidth_Bps=1e9)})
+    work = scaling.Workload(parameters=(1 << 20) // 4, training_flops_per_sample=1.0, local_batch=1,
+                            small_collectives_per_step=1)
+    expected = rows[-4]["seconds"] + 8 * latency + 4 / 3 * 16 / bandwidth   # p = 3
+    assert scaling.communication_time(work, system, 3) == pytest.approx(expected, rel=1e-12)

@@ -21,10 +21,16 @@ One synchronous data-parallel step on N nodes of r ranks each takes
   doubling, Rabenseifner): 2 ceil(log2 p) alpha + 2(p-1)/p n/B; ``auto``
   takes the cheaper, as MPI and NCCL do.  Horovod's negotiation adds one
   tree-latency round per fused buffer;
+  A step of this suite's trainer also has one small allreduce (the loss and
+  the stop signals, :mod:`common.training_model`): one more latency-bound
+  collective per step;
 - ``t_exposed_comm`` = t_comm - the part hidden behind back-propagation
   (``overlap`` x 2/3 of t_compute: gradients of the last layers are reduced
-  while earlier layers still back-propagate); with gradient lag the whole
-  step hides it;
+  while earlier layers still back-propagate); with gradient lag as SC18 ran
+  it the whole step hides it.  This suite's trainer reduces every gradient in
+  one grouped allreduce after the whole backward pass, and its gradient lag
+  overlaps that allreduce with the optimizer update only, so for its configs
+  nothing is hidden (overlap 0);
 - ``t_stragglers``: every step waits for the slowest of N nodes; with step
   times of relative standard deviation s (``step_jitter_fraction``; noise
   from the OS and the network hits a node's ranks together), the expected
@@ -34,6 +40,11 @@ One synchronous data-parallel step on N nodes of r ranks each takes
 - ``t_io``: reading the local batch from node-local storage (staged) or from
   the parallel file system (the node's share of its aggregate bandwidth);
   prefetching overlaps it with compute, so it only matters when it is longer.
+
+A system file measured by :mod:`common.tools.sysbench` also holds allreduce
+times by node count and size (``network.allreduce_s``): for those node counts
+(one rank per node) the model interpolates in them instead of the alpha-beta
+formula, and a one-node run's compute rate of its own (no Horovod there).
 
 Efficiency(N) = samples/s on N nodes / (N x samples/s on 1 node).  Staging
 time (one-off, before training) = dataset bytes / min(N x per-node PFS
@@ -72,6 +83,9 @@ class Network(Section):
     node_bandwidth_Bps: PositiveFloat = Field(description="achievable per-node injection bandwidth")
     intra_node_latency_s: NonNegativeFloat
     intra_node_bandwidth_Bps: PositiveFloat
+    allreduce_s: dict[int, dict[float, PositiveFloat]] = Field(
+        {}, description="measured allreduce seconds by nodes (one rank each) and bytes (common.tools.sysbench); the "
+                        "model interpolates in them for those node counts instead of the alpha-beta formula")
 
 
 class Storage(Section):
@@ -93,7 +107,14 @@ class System(Section):
     step_jitter_fraction: NonNegativeFloat
     overlap: float = Field(0.8, ge=0.0, le=1.0, description="share of back-propagation the allreduce can hide under")
     algorithm: Literal["auto", "ring", "tree"] = "auto"
+    measured_samples_per_second: PositiveFloat | None = Field(
+        None, description="a per-rank training rate measured on this system (common.tools.sysbench), for the "
+                          "config it was measured with, Horovod running (a rank of a job of several)")
+    measured_samples_per_second_one_node: PositiveFloat | None = Field(
+        None, description="the same without Horovod (a one-node run of one rank starts none)")
+
     sources: dict[str, str] = {}
+    measured: dict = Field({}, description="the raw measurement behind a measured system file")
 
 
 def available_systems() -> list[str]:
@@ -124,6 +145,17 @@ def allreduce_time(n_bytes: float, participants: int, latency_s: float, bandwidt
     return {"ring": ring, "tree": tree, "auto": min(ring, tree)}[algorithm]
 
 
+def collective_terms(n_bytes: float, participants: int) -> tuple[float, float]:
+    """(latency coefficient, bytes per unit of inverse bandwidth) of one collective of ``n_bytes`` over
+    ``participants`` nodes of one rank (``algorithm: auto``), with Horovod's negotiation: the cost is
+    ``a x latency_s + b / node_bandwidth_Bps`` (what :mod:`common.tools.sysbench` fits)."""
+    p = participants
+    if p <= 1:
+        return 0.0, 0.0
+    rounds = math.ceil(math.log2(p))
+    return min(2.0 * (p - 1), 2.0 * rounds) + 2.0 * rounds, 2.0 * (p - 1) / p * n_bytes
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """What one rank does per step."""
@@ -142,6 +174,28 @@ class Workload:
     # The input pipeline's own rate (read, inflate, parse, normalise) with the cores a rank gives it, measured by
     # common.tools.bench --input-only; None: only the storage bandwidth bounds the input.
     input_samples_per_second_per_rank: float | None = None
+    rank_samples_per_second_one_node: float | None = None   # measured without Horovod; else the rate above
+    # The software's share of back-propagation the allreduce hides under (None: the system's figure), whether
+    # gradient lag hides it behind a whole step (SC18) or only behind the update, and the small latency-bound
+    # collectives of each step besides the gradients.
+    overlap: float | None = None
+    lag_hides_step: bool = True
+    small_collectives_per_step: int = 0
+
+
+def measured_allreduce(table: dict[float, float], n_bytes: float) -> float:
+    """Seconds of an allreduce of ``n_bytes`` from measured (bytes, seconds): linear interpolation between
+    the sizes measured, the nearest one's time below the smallest, the last two's slope beyond the largest."""
+    sizes = sorted(table)
+    if n_bytes <= sizes[0]:
+        return table[sizes[0]]
+    for low, high in zip(sizes, sizes[1:]):
+        if n_bytes <= high:
+            return table[low] + (table[high] - table[low]) * (n_bytes - low) / (high - low)
+    if len(sizes) == 1:
+        return table[sizes[0]] * n_bytes / sizes[0]
+    low, high = sizes[-2], sizes[-1]
+    return table[high] + (table[high] - table[low]) * (n_bytes - high) / (high - low)
 
 
 def communication_time(work: Workload, system: System, nodes: int) -> float:
@@ -152,15 +206,25 @@ def communication_time(work: Workload, system: System, nodes: int) -> float:
         return 0.0
     buffers = max(1, math.ceil(total / work.fusion_threshold_bytes))
     per_buffer = total / buffers
+    table = system.network.allreduce_s.get(nodes) if r == 1 else None
+    if table:   # measured on this system for this many nodes: Horovod's negotiation is in the times
+        return buffers * measured_allreduce(table, per_buffer) + \
+            work.small_collectives_per_step * measured_allreduce(table, 16)
     intra = allreduce_time(per_buffer, r, system.network.intra_node_latency_s, system.network.intra_node_bandwidth_Bps, "ring")
     inter = allreduce_time(per_buffer / r, nodes, system.network.latency_s, system.network.node_bandwidth_Bps / r, system.algorithm)
     negotiation = 2 * math.ceil(math.log2(nodes * r)) * system.network.latency_s
-    return buffers * (intra + inter + negotiation)
+    small = work.small_collectives_per_step * (
+        allreduce_time(16, r, system.network.intra_node_latency_s, system.network.intra_node_bandwidth_Bps, "ring")
+        + allreduce_time(16, nodes, system.network.latency_s, system.network.node_bandwidth_Bps / r, system.algorithm)
+        + negotiation)
+    return buffers * (intra + inter + negotiation) + small
 
 
-def compute_time(work: Workload, system: System) -> float:
+def compute_time(work: Workload, system: System, nodes: int = 2) -> float:
     """Seconds of compute per step on one rank: from a measured per-rank rate if given, else FLOPs over the
     system's sustained peak for the precision."""
+    if nodes == 1 and system.ranks_per_node == 1 and work.rank_samples_per_second_one_node:
+        return work.local_batch / work.rank_samples_per_second_one_node   # one rank alone: no Horovod
     if work.rank_samples_per_second:
         return work.local_batch / work.rank_samples_per_second
     peak = system.peak_tflops_per_rank.get(work.precision)
@@ -172,9 +236,10 @@ def compute_time(work: Workload, system: System) -> float:
 def project(work: Workload, system: System, nodes: int) -> dict:
     """The step of ``nodes`` nodes: times in seconds, samples/s."""
     ranks = nodes * system.ranks_per_node
-    t_compute = compute_time(work, system)
+    t_compute = compute_time(work, system, nodes)
     t_comm = communication_time(work, system, nodes)
-    hidden = t_compute if work.gradient_lag else system.overlap * BACKWARD_SHARE * t_compute
+    overlap = system.overlap if work.overlap is None else work.overlap
+    hidden = t_compute if work.gradient_lag and work.lag_hides_step else overlap * BACKWARD_SHARE * t_compute
     exposed = max(0.0, t_comm - hidden)
     jitter = system.step_jitter_fraction / (math.sqrt(2.0) if work.gradient_lag else 1.0)
     stragglers = jitter * t_compute * math.sqrt(2.0 * math.log(nodes)) if nodes > 1 else 0.0
@@ -228,7 +293,10 @@ def workload_from_config(config: str, overrides: list[str], rank_samples_per_sec
                     rank_samples_per_second=rank_samples_per_second, precision=described["precision"],
                     gradient_lag=bool(getattr(cfg.train, "gradient_lag", 0)),
                     staged=bool(getattr(cfg.data, "stage_dir", None)), fusion_threshold_bytes=fusion,
-                    dataset_bytes=dataset_bytes)
+                    dataset_bytes=dataset_bytes,
+                    # This suite's step (common/training_model.py): one grouped allreduce after the backward pass,
+                    # lag overlapping only the update, and the step-signals allreduce.
+                    overlap=0.0, lag_hides_step=False, small_collectives_per_step=1)
 
 
 def input_rate_from_json(path: str, staged: bool = False) -> float:
@@ -352,6 +420,9 @@ def main(argv=None) -> int:
                         help="with --input-rate-from: cores each rank gives its input pipeline (default 1)")
     parser.add_argument("--sample-bytes", type=float,
                         help="bytes read per sample (default: the model input in float32)")
+    parser.add_argument("--alpha-beta", action="store_true",
+                        help="price every allreduce with the alpha-beta formula, also where the system file holds "
+                             "measured allreduce times (network.allreduce_s)")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     parser.add_argument("--png", help="plot samples/s and efficiency to this file (a new file, or one this suite wrote)")
     parser.add_argument("--force", action="store_true", help="replace a --png file this suite did not write")
@@ -379,7 +450,16 @@ def main(argv=None) -> int:
             raise ConfigError(f"--nodes {args.nodes!r}: expected a comma-separated list of positive integers")
         rate = args.samples_per_second or (rate_from_json(args.rate_from) if args.rate_from else None)
         system = load_system(args.system)
+        if args.alpha_beta:
+            system = system.model_copy(update={"network": system.network.model_copy(update={"allreduce_s": {}})})
+        rate_source = "measured"
+        one_node_rate = None
+        if rate is None and system.measured_samples_per_second:
+            rate = system.measured_samples_per_second
+            one_node_rate = system.measured_samples_per_second_one_node
+            rate_source = f"measured on {system.name} (its sources say for which config)"
         work = workload_from_config(args.config, args.set, rate, args.dataset_bytes, args.sample_bytes)
+        work = dataclasses.replace(work, rank_samples_per_second_one_node=one_node_rate)
         if args.input_rate_from:
             if args.input_cores_per_rank <= 0:
                 raise ConfigError(f"--input-cores-per-rank {args.input_cores_per_rank}: expected a positive number")
@@ -391,7 +471,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    source = "measured" if rate else f"{system.sustained_fraction:.0%} of the {work.precision} peak"
+    source = rate_source if rate else f"{system.sustained_fraction:.0%} of the {work.precision} peak"
     print(f"{pathlib.Path(args.config).name} on {system.name}: {work.parameters:,} parameters "
           f"({work.parameters * work.gradient_bytes_per_parameter / 2 ** 20:.1f} MiB of gradients), local batch "
           f"{work.local_batch}, {system.ranks_per_node} rank(s)/node, compute rate {source}"

@@ -1,0 +1,300 @@
+"""A measured system: the figures the scaling model needs, measured by a job on the machine it describes.
+
+    srun -N 3 --ntasks-per-node=1 python -m common.tools.sysbench --config C [--set k=v] --out SYSTEM.yaml
+                                  [--name NAME] [--description TEXT] [--repeats 9]
+
+One rank per node, on two nodes or more.  Four measurements, written (by rank 0) as a system file in the
+schema of ``configs/systems/*.yaml`` (:class:`common.tools.scaling.System`), each figure with the
+measurement as its source, for ``python -m common.tools.scaling --config C --system SYSTEM.yaml``:
+
+1. compute: every rank runs the trainer alone on the config (one rank: its loop, callbacks, input pipeline,
+   nothing reduced), all nodes at once, twice: before Horovod starts (as a one-node run, which starts no
+   Horovod: ``measured_samples_per_second_one_node``), then with Horovod's loop running (as every rank of a
+   job of several: ``measured_samples_per_second``; under a CPU quota the loop's polling takes its share).
+   The median over ranks of the median step time of the steady epochs gives each rate, the relative
+   standard deviation of the step times (Horovod running) the ``step_jitter_fraction`` of the straggler
+   term;
+2. point to point, ranks 0 and 1 over TCP (the links themselves, no MPI): latency (half the median round
+   trip of one byte) and bandwidth (4 MiB sent one way, timed to the receiver's acknowledgement);
+3. allreduce: Horovod sum-allreduces of float32 buffers from 4 KiB to the config's gradient size over the
+   first p ranks, p = 2..N (the median of the repeats on rank 0), kept as ``network.allreduce_s`` (the
+   model interpolates in them for those rank counts); ``network.latency_s`` and
+   ``network.node_bandwidth_Bps`` are fitted (least squares in relative error) so that the model's alpha-beta
+   cost of one collective (:func:`common.tools.scaling.collective_terms`) matches them, for other rank
+   counts: Horovod's negotiation and cycle, MPI and the TCP stack under the node's CPU quota are in them;
+4. storage: rank 0 reads the files under ``data.data_dir`` once (the page cache as it is): the read rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import socket
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from common.cli import exit_on_user_error, exit_process, find_application
+from common.config import load_config
+from common.errors import ConfigError
+from common.storage import outputs
+
+# Imported where used, not here: TensorFlow, Horovod and the engine modules that import them (after the
+# arguments are parsed, so that --help answers without them), and yaml (for the output).
+
+P2P_BYTES = 4 * 2 ** 20
+PING_REPEATS = 200
+ALLREDUCE_REPEATS = 9
+
+
+def measure_compute(application, cfg) -> dict:
+    """This rank's training step alone: the trainer itself (its loop, callbacks, input pipeline) as a run of
+    one rank, in a folder of its own that is removed afterwards; the step times of its steady epochs."""
+    # deferred: TensorFlow and the engine
+    from common.distributed import Distributed
+    from common.trainer import train
+
+    run_dir = pathlib.Path(tempfile.mkdtemp(prefix="sysbench-run-"))
+    try:
+        summary = train(application, cfg, Distributed(), run_dir / "run")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)   # made above, by this process
+    steps = summary["step_time_s"]
+    if not steps:
+        raise ConfigError("common.tools.sysbench: no training step was timed; give the config more steps per epoch "
+                          "(train.throughput_warmup_steps, data) or epochs")
+    return {"median_step_s": steps["median"], "mean_step_s": steps["mean"],
+            "relative_std": steps["std"] / steps["mean"], "steps": steps["steps"],
+            "gradient_bytes": 4 * int(summary["parameters"]), "batch_size": cfg.data.batch_size}
+
+
+def _serve(listener: socket.socket) -> None:
+    """Rank 1's side: echo each one-byte ping, then take the bulk transfer and acknowledge it."""
+    connection, _ = listener.accept()
+    with connection:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(PING_REPEATS):
+            connection.sendall(connection.recv(1))
+        received = 0
+        while received < P2P_BYTES:
+            chunk = connection.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("rank 0 closed the bulk transfer early")
+            received += len(chunk)
+        connection.sendall(b"k")
+
+
+def measure_point_to_point(dist) -> dict | None:
+    """Ranks 0 and 1 over TCP: one-byte ping-pong and a 4 MiB one-way transfer (rank 0's view)."""
+    listener = None
+    if dist.world_rank == 1:
+        listener = socket.create_server(("0.0.0.0", 0))
+        address = (socket.gethostbyname(socket.gethostname()), listener.getsockname()[1])
+    else:
+        address = None
+    addresses = dist.world_allgather_object(address)
+    result = None
+    if dist.world_rank == 1:
+        with listener:
+            _serve(listener)
+    elif dist.world_rank == 0:
+        with socket.create_connection(addresses[1], timeout=120) as connection:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            trips = []
+            for _ in range(PING_REPEATS):
+                start = time.perf_counter()
+                connection.sendall(b"p")
+                connection.recv(1)
+                trips.append(time.perf_counter() - start)
+            payload = b"\0" * P2P_BYTES
+            start = time.perf_counter()
+            connection.sendall(payload)
+            connection.recv(1)
+            elapsed = time.perf_counter() - start
+        result = {"latency_s": statistics.median(trips) / 2, "bandwidth_Bps": P2P_BYTES / elapsed,
+                  "peer": f"{addresses[1][0]}"}
+    dist.world_barrier()
+    return result
+
+
+def allreduce_sizes(gradient_bytes: int) -> list[int]:
+    """4 KiB, then x8 steps up to the gradient size (which is measured too)."""
+    sizes, size = [], 4096
+    while size < gradient_bytes:
+        sizes.append(size)
+        size *= 8
+    return sizes + [max(4096, gradient_bytes)]
+
+
+def measure_allreduce(dist, sizes: list[int], repeats: int = ALLREDUCE_REPEATS) -> list[dict]:
+    """Median seconds of sum-allreduces of each size over the first p ranks, p = 2..N (rank 0's clock)."""
+    rows = []
+    for participants in range(2, dist.world_size + 1):
+        for n_bytes in sizes:
+            times = dist.time_allreduce(n_bytes, participants, repeats)
+            if times:
+                rows.append({"ranks": participants, "bytes": n_bytes, "seconds": float(np.median(times))})
+        dist.world_barrier()
+    return rows
+
+
+def fit_network(rows: list[dict]) -> tuple[float, float, float]:
+    """(latency_s, bandwidth_Bps, worst relative error) of the model's per-collective cost fitted to ``rows``:
+    t = a(p) latency + b(p, n) / bandwidth, least squares in relative error, both figures kept positive."""
+    # deferred: the model (pydantic) only once the measurement is in
+    from common.tools.scaling import collective_terms
+
+    terms = np.array([collective_terms(r["bytes"], r["ranks"]) for r in rows], dtype=float)
+    seconds = np.array([r["seconds"] for r in rows])
+    weighted = terms / seconds[:, None]
+    (latency, inverse_bandwidth), *_ = np.linalg.lstsq(weighted, np.ones(len(rows)), rcond=None)
+    if latency <= 0 or inverse_bandwidth <= 0:   # one term alone, refitted
+        lat_only = float(np.sum(weighted[:, 0]) / np.sum(weighted[:, 0] ** 2))
+        bw_only = float(np.sum(weighted[:, 1]) / np.sum(weighted[:, 1] ** 2))
+        if inverse_bandwidth <= 0:
+            latency, inverse_bandwidth = lat_only, 1e-12
+        else:
+            latency, inverse_bandwidth = 1e-9, bw_only
+    predicted = terms @ np.array([latency, inverse_bandwidth])
+    worst = float(np.max(np.abs(predicted / seconds - 1.0)))
+    return float(latency), float(1.0 / inverse_bandwidth), worst
+
+
+def measure_storage(files: list[str]) -> dict:
+    """Rank 0 reads ``files`` once: bytes / seconds."""
+    total, start = 0, time.perf_counter()
+    for path in files:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 22):
+                total += len(chunk)
+    elapsed = max(time.perf_counter() - start, 1e-9)
+    return {"files": len(files), "bytes": total, "read_Bps": total / elapsed}
+
+
+def algorithm_note() -> tuple[str, str]:
+    """(the model's allreduce algorithm, why): ``ring`` when Open MPI was told to use its ring, else ``auto``."""
+    if os.environ.get("OMPI_MCA_coll_tuned_use_dynamic_rules") == "1" and \
+            os.environ.get("OMPI_MCA_coll_tuned_allreduce_algorithm") in ("4", "ring"):
+        return "ring", "Open MPI's allreduce set to its ring (OMPI_MCA_coll_tuned_allreduce_algorithm=4) for this job"
+    return "auto", "the MPI library's own choice (the model takes the cheaper of ring and tree)"
+
+
+def system_document(name: str, description: str, nodes: int, compute: list[dict], alone: list[dict], p2p: dict,
+                    rows: list[dict], fit: tuple[float, float, float], storage: dict, cpu: dict, config: str,
+                    algorithm: tuple[str, str] = ("auto", "")) -> dict:
+    """The system file: figures, sources, and the raw measurement under ``measured``."""
+    latency, bandwidth, worst = fit
+    medians = [c["median_step_s"] for c in compute]
+    step = statistics.median(medians)
+    alone_medians = [c["median_step_s"] for c in alone]
+    alone_step = statistics.median(alone_medians)
+    batch = compute[0]["batch_size"]
+    jitter = statistics.median(c["relative_std"] for c in compute)
+    sustained = 0.5   # unused when the measured rate is given; required by the schema
+    isa = [k for k, v in cpu.get("isa", {}).items() if v]
+    cpu_text = f"{cpu.get('cpu_model', '?')}, {cpu.get('cpus_available', '?')} CPUs, {'/'.join(isa) or 'no listed ISA'}"
+    return {
+        "name": name,
+        "description": description,
+        "ranks_per_node": 1,
+        "peak_tflops_per_rank": {"fp32": 1.0},
+        "sustained_fraction": sustained,
+        "network": {"latency_s": latency, "node_bandwidth_Bps": bandwidth, "intra_node_latency_s": 0.0,
+                    "intra_node_bandwidth_Bps": bandwidth,
+                    "allreduce_s": {r: {row["bytes"]: row["seconds"] for row in rows if row["ranks"] == r}
+                                    for r in sorted({row["ranks"] for row in rows})}},
+        "storage": {"node_local_read_Bps": storage["read_Bps"], "pfs_per_node_read_Bps": storage["read_Bps"],
+                    "pfs_aggregate_read_Bps": storage["read_Bps"] * nodes},
+        "step_jitter_fraction": jitter,
+        "algorithm": algorithm[0],
+        "overlap": 0.0,
+        "measured_samples_per_second": batch / step,
+        "measured_samples_per_second_one_node": batch / alone_step,
+        "sources": {
+            "measured_samples_per_second": f"common.tools.sysbench: {config} at batch {batch}, median step "
+                                           f"{step:.4f} s (per-rank medians {', '.join(f'{m:.4f}' for m in medians)}) "
+                                           f"over {compute[0]['steps']} steps (the steady epochs of a one-rank run "
+                                           f"of the trainer) on each of {nodes} nodes at once, Horovod's loop "
+                                           f"running as in a job of several ranks; {cpu_text}",
+            "measured_samples_per_second_one_node": f"the same before Horovod started (a one-node run starts none): "
+                                                    f"median {alone_step:.4f} s (per rank "
+                                                    f"{', '.join(f'{m:.4f}' for m in alone_medians)})",
+            "step_jitter_fraction": "median over ranks of the relative standard deviation of those step times",
+            "allreduce_s": "the allreduce times below, measured: the model interpolates in them for the rank "
+                           "counts measured, and uses latency_s and node_bandwidth_Bps beyond",
+            "algorithm": algorithm[1],
+            "overlap": "this suite's step reduces all gradients in one grouped allreduce after the backward pass",
+            "latency_s": f"fitted with node_bandwidth_Bps to {len(rows)} Horovod allreduce times (2..{nodes} ranks, "
+                         f"{rows[0]['bytes']} B..{rows[-1]['bytes']} B; worst relative misfit {worst:.0%}); "
+                         f"TCP point to point {p2p['latency_s'] * 1e6:.0f} us",
+            "node_bandwidth_Bps": f"fitted with latency_s (above); TCP point to point "
+                                  f"{p2p['bandwidth_Bps'] / 1e6:.2f} MB/s ({P2P_BYTES} B one way)",
+            "storage": f"rank 0 read the {storage['files']} files of data.data_dir ({storage['bytes']} B) once, page cache as it was",
+            "peak_tflops_per_rank": "not measured: projections from this file use measured_samples_per_second",
+        },
+        "measured": {"compute": compute, "compute_before_horovod": alone, "point_to_point": p2p, "allreduce": rows,
+                     "storage": storage, "cpu": cpu},
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m common.tools.sysbench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the app config whose step the compute rate is of")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--app")
+    parser.add_argument("--out", required=True, help="the system file to write (a new file, or one this suite wrote)")
+    parser.add_argument("--force", action="store_true", help="replace an --out file this suite did not write")
+    parser.add_argument("--name", default="measured")
+    parser.add_argument("--description", default="")
+    parser.add_argument("--repeats", type=int, default=ALLREDUCE_REPEATS, help="allreduces timed per size")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats: at least 1")
+    with exit_on_user_error():
+        # deferred: TensorFlow and Horovod, after the arguments are parsed
+        from common import distributed
+        from common.console import cpu
+
+        application = find_application(args.config, args.app)
+        cfg = load_config(application.config_schema, args.config, args.set)
+        if distributed.launched_world_size() < 2:
+            raise ConfigError("common.tools.sysbench: run one rank per node on 2 nodes or more (srun -N N "
+                              "--ntasks-per-node=1); this process was launched alone")
+        outputs.check_replaceable(args.out, args.force)
+        outputs.check_writable_folder(pathlib.Path(args.out).resolve().parent, "the folder of --out")
+        # The step alone before Horovod starts, as a one-node run trains (it starts no Horovod); then again
+        # with Horovod's loop running, as every rank of a job of several does.  Under a CPU quota that loop's
+        # polling takes a large share (measured 2x on the virtual cluster at 50% of a core); a second run
+        # in the same process without Horovod measured 5-15% slower than the first.
+        distributed.configure_threads(cfg.train.intra_op_threads, cfg.train.inter_op_threads, 1)
+        mine = measure_compute(application, cfg)
+        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads, prefix_sets=True)
+        if dist.local_size != 1:
+            raise ConfigError(f"common.tools.sysbench: run one rank per node ({dist.local_size} ranks on this node)")
+        alone = dist.world_allgather_object(mine)
+        compute = dist.world_allgather_object(measure_compute(application, cfg))
+        p2p = measure_point_to_point(dist)
+        rows = measure_allreduce(dist, allreduce_sizes(compute[0]["gradient_bytes"]), args.repeats)
+        if dist.is_root:
+            files = sorted(str(f) for f in pathlib.Path(cfg.data.data_dir).rglob("*") if f.is_file())
+            document = system_document(args.name, args.description, dist.world_size, compute, alone, p2p, rows,
+                                       fit_network(rows), measure_storage(files), cpu.describe(), args.config,
+                                       algorithm_note())
+            outputs.write_yaml(args.out, document, "common.tools.sysbench", args.force)
+            print(json.dumps({"system": args.out, "network": document["network"],
+                              "measured_samples_per_second": document["measured_samples_per_second"],
+                              "measured_samples_per_second_one_node":
+                                  document["measured_samples_per_second_one_node"],
+                              "step_jitter_fraction": document["step_jitter_fraction"],
+                              "point_to_point": p2p, "allreduce": rows}), flush=True)
+        dist.world_barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())
