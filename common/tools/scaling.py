@@ -149,11 +149,15 @@ def collective_terms(n_bytes: float, participants: int) -> tuple[float, float]:
     """(latency coefficient, bytes per unit of inverse bandwidth) of one collective of ``n_bytes`` over
     ``participants`` nodes of one rank (``algorithm: auto``), with Horovod's negotiation: the cost is
     ``a x latency_s + b / node_bandwidth_Bps`` (what :mod:`common.tools.sysbench` fits)."""
-    p = participants
-    if p <= 1:
+    if participants <= 1:
         return 0.0, 0.0
-    rounds = math.ceil(math.log2(p))
-    return min(2.0 * (p - 1), 2.0 * rounds) + 2.0 * rounds, 2.0 * (p - 1) / p * n_bytes
+    latency_rounds = allreduce_time(1.0, participants, 1.0, math.inf, "auto") + negotiation_rounds(participants)
+    return latency_rounds, allreduce_time(n_bytes, participants, 0.0, 1.0, "auto")
+
+
+def negotiation_rounds(ranks: int) -> float:
+    """Latency rounds of Horovod's negotiation of one collective over ``ranks`` (a tree each way)."""
+    return 2.0 * math.ceil(math.log2(ranks))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,17 +214,17 @@ def communication_time(work: Workload, system: System, nodes: int) -> float:
     if table:   # measured on this system for this many nodes: Horovod's negotiation is in the times
         return buffers * measured_allreduce(table, per_buffer) + \
             work.small_collectives_per_step * measured_allreduce(table, 16)
-    intra = allreduce_time(per_buffer, r, system.network.intra_node_latency_s, system.network.intra_node_bandwidth_Bps, "ring")
-    inter = allreduce_time(per_buffer / r, nodes, system.network.latency_s, system.network.node_bandwidth_Bps / r, system.algorithm)
-    negotiation = 2 * math.ceil(math.log2(nodes * r)) * system.network.latency_s
-    small = work.small_collectives_per_step * (
-        allreduce_time(16, r, system.network.intra_node_latency_s, system.network.intra_node_bandwidth_Bps, "ring")
-        + allreduce_time(16, nodes, system.network.latency_s, system.network.node_bandwidth_Bps / r, system.algorithm)
-        + negotiation)
-    return buffers * (intra + inter + negotiation) + small
+    net = system.network
+
+    def collective(n_bytes: float) -> float:
+        intra = allreduce_time(n_bytes, r, net.intra_node_latency_s, net.intra_node_bandwidth_Bps, "ring")
+        inter = allreduce_time(n_bytes / r, nodes, net.latency_s, net.node_bandwidth_Bps / r, system.algorithm)
+        return intra + inter + negotiation_rounds(nodes * r) * net.latency_s
+
+    return buffers * collective(per_buffer) + work.small_collectives_per_step * collective(16)
 
 
-def compute_time(work: Workload, system: System, nodes: int = 2) -> float:
+def compute_time(work: Workload, system: System, nodes: int) -> float:
     """Seconds of compute per step on one rank: from a measured per-rank rate if given, else FLOPs over the
     system's sustained peak for the precision."""
     if nodes == 1 and system.ranks_per_node == 1 and work.rank_samples_per_second_one_node:
