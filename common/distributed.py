@@ -134,6 +134,15 @@ class Distributed:
         """A picklable Python object from every rank of the job, as a list indexed by world rank."""
         return [obj]
 
+    def prefix_job(self, participants: int, reduce_gradients: bool = True) -> "Distributed | None":
+        """The first ``participants`` ranks as a job of their own (every collective among them only), or None on
+        the ranks outside it; with ``reduce_gradients=False`` a step reduces everything but its gradients (a
+        microbenchmark: :mod:`common.tools.sysbench` times the step of a rank in a job without the gradient
+        allreduce).  One process is its own job of one."""
+        if participants != 1:
+            raise ValueError(f"a job of one process has no {participants} ranks")
+        return self
+
     def time_allreduce(self, n_bytes: int, participants: int, repeats: int) -> list[float]:
         """Seconds of each of ``repeats`` sum-allreduces of a float32 buffer of ``n_bytes`` over the first
         ``participants`` ranks, timed on this rank (a microbenchmark: :mod:`common.tools.sysbench`); ranks
@@ -169,6 +178,7 @@ class HorovodDistributed(Distributed):
         self._group_set, self._leaders_set = process_sets if process_sets else (None, None)
         self._exchanger = None
         self._prefix_sets = dict(prefix_sets or {})
+        self._reduce_gradients = True
 
     def _everyone(self) -> dict:
         """The process set of "every rank": this instance's, or Horovod's global one."""
@@ -177,7 +187,7 @@ class HorovodDistributed(Distributed):
     def allreduce_gradients(self, gradients, compression: str = "none"):
         """Gradients averaged over the ranks of this group (sparse ones made dense, ``None`` kept), in one grouped
         allreduce, optionally sent as fp16."""
-        if self.group_size == 1:
+        if self.group_size == 1 or not self._reduce_gradients:
             return list(gradients)
         hvd = self._hvd
         dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
@@ -263,6 +273,18 @@ class HorovodDistributed(Distributed):
 
     def world_allgather_object(self, obj) -> list:
         return self._hvd.allgather_object(obj, name="world_allgather_object")
+
+    def prefix_job(self, participants: int, reduce_gradients: bool = True) -> "Distributed | None":
+        if participants > self.world_size or self.instances > 1 or self.groups > 1 or (
+                participants < self.world_size and participants not in self._prefix_sets):
+            raise ValueError(f"no process set of the first {participants} ranks (distributed.init(prefix_sets=True))")
+        if self.world_rank >= participants:
+            return None
+        scope = self._prefix_sets[participants] if participants < self.world_size else None
+        view = HorovodDistributed(self._hvd, instance_set=scope, prefix_sets=self._prefix_sets)
+        view.size = view.group_size = participants
+        view._reduce_gradients = reduce_gradients
+        return view
 
     def time_allreduce(self, n_bytes: int, participants: int, repeats: int) -> list[float]:
         if participants > self.world_size or (participants < self.world_size

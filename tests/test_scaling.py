@@ -135,3 +135,31 @@ def test_measured_allreduce_prices_and_the_fit_of_latency_and_bandwidth():
                             small_collectives_per_step=1)
     expected = rows[-4]["seconds"] + 8 * latency + 4 / 3 * 16 / bandwidth   # p = 3
     assert scaling.communication_time(work, system, 3) == pytest.approx(expected, rel=1e-12)
+
+
+def test_measured_steps_without_gradients_stand_for_compute_small_collectives_and_stragglers():
+    """Where a system file holds the step of an N-node job without its gradient allreduce, the model's step on N
+    nodes is that step plus the gradients' measured allreduce (no step-signal collective, no straggler term: both
+    are in the measurement); beyond the largest N measured, the stragglers grow from there by
+    s t (sqrt(2 ln N) - sqrt(2 ln N_measured)); one node keeps its own rate (no Horovod there)."""
+    gradient_bytes = 1 << 20
+    table = {2: {4096.0: 0.01, float(gradient_bytes): 0.3}, 3: {4096.0: 0.02, float(gradient_bytes): 0.5}}
+    system = scaling.load_system("cori-knl").model_copy(update={
+        "ranks_per_node": 1, "step_jitter_fraction": 0.1, "overlap": 0.0,
+        "network": scaling.Network(latency_s=1e-3, node_bandwidth_Bps=1e7, intra_node_latency_s=0.0,
+                                   intra_node_bandwidth_Bps=1e9, allreduce_s=table)})
+    work = Workload(parameters=gradient_bytes // 4, training_flops_per_sample=1.0, local_batch=4,
+                    rank_samples_per_second=40.0, rank_samples_per_second_one_node=50.0, overlap=0.0,
+                    lag_hides_step=False, small_collectives_per_step=1, step_without_gradients_s={2: 0.13, 3: 0.16})
+    one, two, three = (project(work, system, n) for n in (1, 2, 3))
+    assert one["step_time_s"] == pytest.approx(4 / 50.0, rel=1e-12)
+    assert (two["compute_s"], two["allreduce_s"], two["stragglers_s"]) == (0.13, 0.3, 0.0)
+    assert two["step_time_s"] == pytest.approx(0.43, rel=1e-12)
+    assert three["step_time_s"] == pytest.approx(0.66, rel=1e-12)
+    eight = project(work, system, 8)   # beyond the table: alpha-beta gradients, stragglers grown from N = 3
+    assert eight["compute_s"] == 0.16
+    assert eight["stragglers_s"] == pytest.approx(0.1 * 0.16 * (math.sqrt(2 * math.log(8)) - math.sqrt(2 * math.log(3))),
+                                                  rel=1e-12)
+    ring = 2 * 7 * 1e-3 + 2 * 7 / 8 * gradient_bytes / 1e7 + 2 * 3 * 1e-3   # + negotiation: 2 ceil(log2 8) rounds
+    tree = 2 * 3 * 1e-3 + 2 * 7 / 8 * gradient_bytes / 1e7 + 2 * 3 * 1e-3
+    assert eight["allreduce_s"] == pytest.approx(min(ring, tree), rel=1e-12)

@@ -45,6 +45,11 @@ A system file measured by :mod:`common.tools.sysbench` also holds allreduce
 times by node count and size (``network.allreduce_s``): for those node counts
 (one rank per node) the model interpolates in them instead of the alpha-beta
 formula, and a one-node run's compute rate of its own (no Horovod there).
+It also holds the step of a job of N nodes without its gradient allreduce
+(``step_without_gradients_s``): for those N it stands for t_compute, the
+small collectives and t_stragglers together (a rank computes more slowly in a
+job than alone where Horovod's loop competes for its CPU, and lock-step waits
+for the slowest), and the gradients' allreduce is added to it.
 
 Efficiency(N) = samples/s on N nodes / (N x samples/s on 1 node).  Staging
 time (one-off, before training) = dataset bytes / min(N x per-node PFS
@@ -112,6 +117,10 @@ class System(Section):
                           "config it was measured with, Horovod running (a rank of a job of several)")
     measured_samples_per_second_one_node: PositiveFloat | None = Field(
         None, description="the same without Horovod (a one-node run of one rank starts none)")
+    step_without_gradients_s: dict[int, PositiveFloat] = Field(
+        {}, description="seconds of the measured config's step in a job of N nodes (one rank each) without its "
+                        "gradient allreduce, by N (common.tools.sysbench): compute as a rank of a job, the "
+                        "step-signals allreduce and the wait for the slowest rank")
 
     sources: dict[str, str] = {}
     measured: dict = Field({}, description="the raw measurement behind a measured system file")
@@ -179,6 +188,10 @@ class Workload:
     # common.tools.bench --input-only; None: only the storage bandwidth bounds the input.
     input_samples_per_second_per_rank: float | None = None
     rank_samples_per_second_one_node: float | None = None   # measured without Horovod; else the rate above
+    # Measured steps without the gradient allreduce in jobs of N nodes of one rank (System.step_without_gradients_s):
+    # for those N they replace compute, the small collectives and the stragglers; beyond the largest N, that
+    # step plus the stragglers' growth.
+    step_without_gradients_s: dict[int, float] = dataclasses.field(default_factory=dict)
     # The software's share of back-propagation the allreduce hides under (None: the system's figure), whether
     # gradient lag hides it behind a whole step (SC18) or only behind the update, and the small latency-bound
     # collectives of each step besides the gradients.
@@ -240,13 +253,20 @@ def compute_time(work: Workload, system: System, nodes: int) -> float:
 def project(work: Workload, system: System, nodes: int) -> dict:
     """The step of ``nodes`` nodes: times in seconds, samples/s."""
     ranks = nodes * system.ranks_per_node
-    t_compute = compute_time(work, system, nodes)
-    t_comm = communication_time(work, system, nodes)
+    jitter = system.step_jitter_fraction / (math.sqrt(2.0) if work.gradient_lag else 1.0)
+    measured = work.step_without_gradients_s if system.ranks_per_node == 1 and nodes > 1 else {}
+    if measured:   # the step of a job without its gradient allreduce, measured on this system
+        largest = max((k for k in measured if k <= nodes), default=min(measured))
+        t_compute = measured[largest]
+        t_comm = communication_time(dataclasses.replace(work, small_collectives_per_step=0), system, nodes)
+        stragglers = jitter * t_compute * max(0.0, math.sqrt(2.0 * math.log(nodes)) - math.sqrt(2.0 * math.log(largest)))
+    else:
+        t_compute = compute_time(work, system, nodes)
+        t_comm = communication_time(work, system, nodes)
+        stragglers = jitter * t_compute * math.sqrt(2.0 * math.log(nodes)) if nodes > 1 else 0.0
     overlap = system.overlap if work.overlap is None else work.overlap
     hidden = t_compute if work.gradient_lag and work.lag_hides_step else overlap * BACKWARD_SHARE * t_compute
     exposed = max(0.0, t_comm - hidden)
-    jitter = system.step_jitter_fraction / (math.sqrt(2.0) if work.gradient_lag else 1.0)
-    stragglers = jitter * t_compute * math.sqrt(2.0 * math.log(nodes)) if nodes > 1 else 0.0
     if work.staged:
         read_Bps = system.storage.node_local_read_Bps
     else:
@@ -458,12 +478,15 @@ def main(argv=None) -> int:
             system = system.model_copy(update={"network": system.network.model_copy(update={"allreduce_s": {}})})
         rate_source = "measured"
         one_node_rate = None
+        steps_without_gradients = {}
         if rate is None and system.measured_samples_per_second:
             rate = system.measured_samples_per_second
             one_node_rate = system.measured_samples_per_second_one_node
+            steps_without_gradients = system.step_without_gradients_s
             rate_source = f"measured on {system.name} (its sources say for which config)"
         work = workload_from_config(args.config, args.set, rate, args.dataset_bytes, args.sample_bytes)
-        work = dataclasses.replace(work, rank_samples_per_second_one_node=one_node_rate)
+        work = dataclasses.replace(work, rank_samples_per_second_one_node=one_node_rate,
+                                   step_without_gradients_s=dict(steps_without_gradients))
         if args.input_rate_from:
             if args.input_cores_per_rank <= 0:
                 raise ConfigError(f"--input-cores-per-rank {args.input_cores_per_rank}: expected a positive number")

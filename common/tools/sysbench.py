@@ -8,12 +8,13 @@ schema of ``configs/systems/*.yaml`` (:class:`common.tools.scaling.System`), eac
 measurement as its source, for ``python -m common.tools.scaling --config C --system SYSTEM.yaml``:
 
 1. compute: every rank runs the trainer alone on the config (one rank: its loop, callbacks, input pipeline,
-   nothing reduced), all nodes at once, twice: before Horovod starts (as a one-node run, which starts no
-   Horovod: ``measured_samples_per_second_one_node``), then with Horovod's loop running (as every rank of a
-   job of several: ``measured_samples_per_second``; under a CPU quota the loop's polling takes its share).
-   The median over ranks of the median step time of the steady epochs gives each rate, the relative
-   standard deviation of the step times (Horovod running) the ``step_jitter_fraction`` of the straggler
-   term;
+   nothing reduced), all nodes at once, before Horovod starts (as a one-node run, which starts no Horovod:
+   ``measured_samples_per_second_one_node``); then the trainer as a job of the first p nodes, p = 2..N, with
+   every collective of its step but the gradient allreduce (``step_without_gradients_s``): a rank's compute
+   as it runs in a job, where Horovod's loop polls (under a CPU quota it takes a large share), the
+   step-signals allreduce holds the ranks in lock-step and every step waits for the slowest of them.  The
+   median over ranks of the median step time of the steady epochs is kept; the N-node one gives
+   ``measured_samples_per_second``, its ranks' relative standard deviation the ``step_jitter_fraction``;
 2. point to point, ranks 0 and 1 over TCP (the links themselves, no MPI): latency (half the median round
    trip of one byte) and bandwidth (4 MiB sent one way, timed to the receiver's acknowledgement);
 3. allreduce: Horovod sum-allreduces of float32 buffers from 4 KiB to the config's gradient size over the
@@ -52,18 +53,26 @@ PING_REPEATS = 200
 ALLREDUCE_REPEATS = 9
 
 
-def measure_compute(application, cfg) -> dict:
-    """This rank's training step alone: the trainer itself (its loop, callbacks, input pipeline) as a run of
-    one rank, in a folder of its own that is removed afterwards; the step times of its steady epochs."""
+def measure_compute(application, cfg, dist=None) -> dict:
+    """This rank's training step: the trainer itself (its loop, callbacks, input pipeline) as a run of one rank
+    (or as a rank of the job ``dist``), in a folder of its own that is removed afterwards; the step times of its
+    steady epochs."""
     # deferred: TensorFlow and the engine
+    import keras
     from common.distributed import Distributed
     from common.trainer import train
 
-    run_dir = pathlib.Path(tempfile.mkdtemp(prefix="sysbench-run-"))
+    # Keras names layers (and Horovod the broadcasts of their variables) by a per-process count: every rank
+    # starts each run from the same count, as a fresh process does, whichever runs it sat out before.
+    keras.utils.clear_session()
+    dist = dist or Distributed()
+    run_dir = pathlib.Path(dist.broadcast_object(tempfile.mkdtemp(prefix="sysbench-run-") if dist.is_root else None))
     try:
-        summary = train(application, cfg, Distributed(), run_dir / "run")
+        summary = train(application, cfg, dist, run_dir / "run")
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)   # made above, by this process
+        dist.barrier()
+        if dist.is_root:
+            shutil.rmtree(run_dir, ignore_errors=True)   # made above, by this rank
     steps = summary["step_time_s"]
     if not steps:
         raise ConfigError("common.tools.sysbench: no training step was timed; give the config more steps per epoch "
@@ -71,6 +80,18 @@ def measure_compute(application, cfg) -> dict:
     return {"median_step_s": steps["median"], "mean_step_s": steps["mean"],
             "relative_std": steps["std"] / steps["mean"], "steps": steps["steps"],
             "gradient_bytes": 4 * int(summary["parameters"]), "batch_size": cfg.data.batch_size}
+
+
+def measure_jobs_without_gradients(application, cfg, dist) -> dict[int, list[dict]]:
+    """The trainer's step in a job of the first p ranks, p = 2..N, everything but the gradient allreduce: every
+    rank's compute with Horovod's loop running, the step-signals allreduce that keeps the ranks in lock-step and
+    the wait for the slowest of them (``{p: [each rank's measure_compute]}``, on every rank)."""
+    out = {}
+    for participants in range(2, dist.world_size + 1):
+        job = dist.prefix_job(participants, reduce_gradients=False)
+        mine = measure_compute(application, cfg, job) if job is not None else None
+        out[participants] = [m for m in dist.world_allgather_object(mine) if m is not None]
+    return out
 
 
 def _serve(listener: socket.socket) -> None:
@@ -184,13 +205,15 @@ def algorithm_note() -> tuple[str, str]:
     return "auto", "the MPI library's own choice (the model takes the cheaper of ring and tree)"
 
 
-def system_document(name: str, description: str, nodes: int, compute: list[dict], alone: list[dict], p2p: dict,
-                    rows: list[dict], fit: tuple[float, float, float], storage: dict, cpu: dict, config: str,
-                    algorithm: tuple[str, str] = ("auto", "")) -> dict:
+def system_document(name: str, description: str, nodes: int, in_jobs: dict[int, list[dict]], alone: list[dict],
+                    p2p: dict, rows: list[dict], fit: tuple[float, float, float], storage: dict, cpu: dict,
+                    config: str, algorithm: tuple[str, str] = ("auto", "")) -> dict:
     """The system file: figures, sources, and the raw measurement under ``measured``."""
     latency, bandwidth, worst = fit
+    without_gradients = {p: statistics.median(c["median_step_s"] for c in jobs) for p, jobs in in_jobs.items()}
+    compute = in_jobs[nodes]
     medians = [c["median_step_s"] for c in compute]
-    step = statistics.median(medians)
+    step = without_gradients[nodes]
     alone_medians = [c["median_step_s"] for c in alone]
     alone_step = statistics.median(alone_medians)
     batch = compute[0]["batch_size"]
@@ -215,16 +238,22 @@ def system_document(name: str, description: str, nodes: int, compute: list[dict]
         "overlap": 0.0,
         "measured_samples_per_second": batch / step,
         "measured_samples_per_second_one_node": batch / alone_step,
+        "step_without_gradients_s": without_gradients,
         "sources": {
-            "measured_samples_per_second": f"common.tools.sysbench: {config} at batch {batch}, median step "
-                                           f"{step:.4f} s (per-rank medians {', '.join(f'{m:.4f}' for m in medians)}) "
-                                           f"over {compute[0]['steps']} steps (the steady epochs of a one-rank run "
-                                           f"of the trainer) on each of {nodes} nodes at once, Horovod's loop "
-                                           f"running as in a job of several ranks; {cpu_text}",
-            "measured_samples_per_second_one_node": f"the same before Horovod started (a one-node run starts none): "
-                                                    f"median {alone_step:.4f} s (per rank "
+            "step_without_gradients_s": f"common.tools.sysbench: {config} at batch {batch}, the trainer as a job "
+                                        f"of the first p nodes (one rank each), p = 2..{nodes}, every collective of "
+                                        f"its step but the gradient allreduce (the step-signals allreduce keeps "
+                                        f"the ranks in lock-step): the median over ranks of the median step of "
+                                        f"the steady epochs; {cpu_text}",
+            "measured_samples_per_second": f"the local batch over that step on all {nodes} nodes, {step:.4f} s "
+                                           f"(per-rank medians {', '.join(f'{m:.4f}' for m in medians)}, "
+                                           f"{compute[0]['steps']} steps each)",
+            "measured_samples_per_second_one_node": f"the trainer as a one-rank run on every node at once, before "
+                                                    f"Horovod started (a one-node run starts none): median "
+                                                    f"{alone_step:.4f} s (per rank "
                                                     f"{', '.join(f'{m:.4f}' for m in alone_medians)})",
-            "step_jitter_fraction": "median over ranks of the relative standard deviation of those step times",
+            "step_jitter_fraction": f"median over the {nodes} ranks of the relative standard deviation of their step "
+                                    f"times in that job",
             "allreduce_s": "the allreduce times below, measured: the model interpolates in them for the rank "
                            "counts measured, and uses latency_s and node_bandwidth_Bps beyond",
             "algorithm": algorithm[1],
@@ -237,7 +266,8 @@ def system_document(name: str, description: str, nodes: int, compute: list[dict]
             "storage": f"rank 0 read the {storage['files']} files of data.data_dir ({storage['bytes']} B) once, page cache as it was",
             "peak_tflops_per_rank": "not measured: projections from this file use measured_samples_per_second",
         },
-        "measured": {"compute": compute, "compute_before_horovod": alone, "point_to_point": p2p, "allreduce": rows,
+        "measured": {"jobs_without_gradients": {p: jobs for p, jobs in in_jobs.items()},
+                     "compute_before_horovod": alone, "point_to_point": p2p, "allreduce": rows,
                      "storage": storage, "cpu": cpu},
     }
 
@@ -267,27 +297,28 @@ def main(argv=None) -> int:
                               "--ntasks-per-node=1); this process was launched alone")
         outputs.check_replaceable(args.out, args.force)
         outputs.check_writable_folder(pathlib.Path(args.out).resolve().parent, "the folder of --out")
-        # The step alone before Horovod starts, as a one-node run trains (it starts no Horovod); then again
-        # with Horovod's loop running, as every rank of a job of several does.  Under a CPU quota that loop's
-        # polling takes a large share (measured 2x on the virtual cluster at 50% of a core); a second run
-        # in the same process without Horovod measured 5-15% slower than the first.
+        # The step alone before Horovod starts, as a one-node run trains (it starts no Horovod); then in jobs
+        # of 2..N ranks without the gradient allreduce.  Under a CPU quota Horovod's loop takes a large share
+        # (measured 1.7-2x at 50% of a core on the virtual cluster), so a rank alone with Horovod idle is no
+        # measure of its compute in a job.
         distributed.configure_threads(cfg.train.intra_op_threads, cfg.train.inter_op_threads, 1)
         mine = measure_compute(application, cfg)
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads, prefix_sets=True)
         if dist.local_size != 1:
             raise ConfigError(f"common.tools.sysbench: run one rank per node ({dist.local_size} ranks on this node)")
         alone = dist.world_allgather_object(mine)
-        compute = dist.world_allgather_object(measure_compute(application, cfg))
+        in_jobs = measure_jobs_without_gradients(application, cfg, dist)
         p2p = measure_point_to_point(dist)
-        rows = measure_allreduce(dist, allreduce_sizes(compute[0]["gradient_bytes"]), args.repeats)
+        rows = measure_allreduce(dist, allreduce_sizes(alone[0]["gradient_bytes"]), args.repeats)
         if dist.is_root:
             files = sorted(str(f) for f in pathlib.Path(cfg.data.data_dir).rglob("*") if f.is_file())
-            document = system_document(args.name, args.description, dist.world_size, compute, alone, p2p, rows,
+            document = system_document(args.name, args.description, dist.world_size, in_jobs, alone, p2p, rows,
                                        fit_network(rows), measure_storage(files), cpu.describe(), args.config,
                                        algorithm_note())
             outputs.write_yaml(args.out, document, "common.tools.sysbench", args.force)
             print(json.dumps({"system": args.out, "network": document["network"],
                               "measured_samples_per_second": document["measured_samples_per_second"],
+                              "step_without_gradients_s": document["step_without_gradients_s"],
                               "measured_samples_per_second_one_node":
                                   document["measured_samples_per_second_one_node"],
                               "step_jitter_fraction": document["step_jitter_fraction"],
