@@ -259,7 +259,8 @@ def project(work: Workload, system: System, nodes: int) -> dict:
         largest = max((k for k in measured if k <= nodes), default=min(measured))
         t_compute = measured[largest]
         t_comm = communication_time(dataclasses.replace(work, small_collectives_per_step=0), system, nodes)
-        stragglers = jitter * t_compute * max(0.0, math.sqrt(2.0 * math.log(nodes)) - math.sqrt(2.0 * math.log(largest)))
+        growth = math.sqrt(2.0 * math.log(nodes)) - math.sqrt(2.0 * math.log(largest))
+        stragglers = jitter * t_compute * max(0.0, growth)
     else:
         t_compute = compute_time(work, system, nodes)
         t_comm = communication_time(work, system, nodes)

@@ -266,7 +266,7 @@ def system_document(name: str, description: str, nodes: int, in_jobs: dict[int, 
             "storage": f"rank 0 read the {storage['files']} files of data.data_dir ({storage['bytes']} B) once, page cache as it was",
             "peak_tflops_per_rank": "not measured: projections from this file use measured_samples_per_second",
         },
-        "measured": {"jobs_without_gradients": {p: jobs for p, jobs in in_jobs.items()},
+        "measured": {"jobs_without_gradients": in_jobs,
                      "compute_before_horovod": alone, "point_to_point": p2p, "allreduce": rows,
                      "storage": storage, "cpu": cpu},
     }
