@@ -188,14 +188,16 @@ def job(cluster, job_id) -> dict:
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
-def wait_for(condition, timeout, what):
+def wait_for(condition, timeout, what, seen=()):
+    """The first true value of condition(), polled every 0.5 s; past timeout, an error that names what
+    was awaited and, if given, what was seen meanwhile (a list the condition fills)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; seen: {seen[-20:]}" if seen else ""))
 
 
 def finished(cluster, job_id, timeout=600) -> dict:
