@@ -548,10 +548,13 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
         train_compression = "none" if data.stage_decompress else data.compression
 
     def train_epoch(epoch):
-        # A rank whose share is short of steps x batch (uneven files) reuses a few samples.
+        # A rank whose share is short of steps x batch (uneven files) reuses a few samples.  The epoch's samples
+        # are cut before data.shuffle_buffer, which would otherwise fill from the repeat too (reading samples
+        # past the epoch, then discarding them, and mixing them into it).
         seed_e = epoch_seed(seed, epoch)
         records = _records(cfg, train_files, train_index, dist, seed_e, True, layout,
                            compression="GZIP" if train_compression == "gzip" else "").repeat(2)
+        records = records.take(steps * data.batch_size)
         return _pipeline(cfg, records, training=True, seed=seed_e, layout=layout)
 
     valid_records = _records(cfg, valid_files, valid_index, dist, seed, False, layout).repeat(2)

@@ -19,4 +19,5 @@ APPLICATION = Application(
     default_config=REPO_ROOT / "configs" / "hep_cnn" / "demo.yaml",
     prepare_data="hep_cnn.data:prepare_data",
     check_data="hep_cnn.data:check_data",
+    input_ceiling="hep_cnn.data:input_ceiling",
 )

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import logging
 import pathlib
+import time
 
 import h5py
 import numpy as np
@@ -177,6 +178,53 @@ def read_chunk(path: str, start: int, stop: int, layout: str, channels: int):
             np.asarray(weights, np.float32).reshape(-1), np.asarray(pass_sr, np.int32).reshape(-1))
 
 
+def input_ceiling(cfg: HepConfig, samples: int) -> dict:
+    """The simplest loop that does what the training input pipeline does for ``samples`` events, in numpy on
+    one core: read each training chunk's images, labels and weights with h5py (the benchmark's (phi, eta)
+    images transposed to (eta, phi)), check them (finite, labels 0/1, weights >= 0), divide by the channel
+    maxima, normalise the weights, and the augmentation (random eta flip, phi roll) when configured.  The
+    chunks are cycled in split order; what ``common.tools.bench --input-only`` compares the pipeline with.
+    ``value_sum``: the sum of every scaled image value (the flip and the roll keep it)."""
+    data = cfg.data
+    chunks = split_chunks(cfg, "train")
+    maxima = load_maxima(cfg)
+    scale = np.maximum(np.array(maxima["channel_max"][:data.channels], np.float32), 1e-12)
+    rng = np.random.default_rng(cfg.train.seed)
+    done, value_sum, image_bytes, start = 0, 0.0, 0, time.perf_counter()
+    while done < samples:
+        for chunk in chunks:
+            stop, keys = min(chunk.stop, chunk.start + samples - done), LAYOUT_KEYS[chunk.layout]
+            with h5py.File(chunk.path, "r") as f:
+                if chunk.layout == "benchmark":
+                    stored = f["data"][chunk.start:stop, :data.channels]
+                    images = stored.transpose(0, 3, 2, 1)
+                else:
+                    stored = np.stack([f[k][chunk.start:stop] for k in keys["images"][:data.channels]], axis=-1)
+                    images = stored
+                labels, weights = f[keys["label"]][chunk.start:stop], f[keys["weight"]][chunk.start:stop]
+            image_bytes = stored[0].nbytes
+            if not np.isfinite(images).all() or not np.isin(labels, (0, 1)).all() or (weights < 0).any():
+                raise DataError(f"{chunk.path} events {chunk.start}-{stop}: NaN/Inf images, labels outside "
+                                "{0, 1} or negative weights")
+            images = images.astype(np.float32)
+            if data.scale_by_maxima:
+                images = images / scale
+            value_sum += float(images.sum(dtype=np.float64))
+            weights = weights.astype(np.float32)
+            weights = (weights / maxima["weight_max"] if data.weight_normalization == "max"
+                       else np.log1p(weights) if data.weight_normalization == "log1p" else weights)
+            if data.augment:
+                for i in range(len(images)):
+                    image = images[i, ::-1] if rng.random() < 0.5 else images[i]
+                    images[i] = np.roll(image, rng.integers(image.shape[1]), axis=1)
+            done += len(images)
+            if done >= samples:
+                break
+    seconds = time.perf_counter() - start
+    return {"samples_per_second": done / seconds, "samples": done, "seconds": seconds, "value_sum": value_sum,
+            "bytes_per_sample": image_bytes}
+
+
 def compute_maxima(cfg: HepConfig) -> dict:
     """Per-channel image maxima and the weight maximum over the training split."""
     channel_max = np.zeros(3, np.float64)
@@ -284,9 +332,12 @@ def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (train)")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (validation)")
     def train_epoch(epoch):
-        # A rank whose share is short of steps x batch (uneven chunks) reuses a few events.
+        # A rank whose share is short of steps x batch (uneven chunks) reuses a few events.  The epoch's events
+        # are cut before the shuffle: a shuffle buffer as large as the epoch would otherwise fill from the
+        # repeat too, reading events past the epoch (discarded at its end) and mixing them into it.
         seed_e = epoch_seed(seed, epoch)
-        return _batches(cfg, _events(cfg, train_chunks, maxima, dist, seed_e, True).repeat(2), True, seed_e)
+        events = _events(cfg, train_chunks, maxima, dist, seed_e, True).repeat(2).take(steps * data.batch_size)
+        return _batches(cfg, events, True, seed_e)
 
     validation = _batches(cfg, _events(cfg, valid_chunks, maxima, dist, seed, False).repeat(2), False, seed)
     return Datasets(train_epoch=train_epoch, validation_batches=validation,

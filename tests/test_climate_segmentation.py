@@ -18,7 +18,8 @@ from climate_seg.cam5.convert import convert
 from climate_seg.cam5.stats import compute_stats, load_stats, write_stats
 from climate_seg.cam5.synth import generate_dataset
 from climate_seg.segmentation.config import ClimateConfig, DeeplabSection, TiramisuSection
-from climate_seg.segmentation.data import build_datasets, crop, downsample, evaluation_dataset, inspect_file
+from climate_seg.segmentation.data import (build_datasets, crop, downsample, evaluation_dataset, input_ceiling,
+                                           inspect_file)
 from climate_seg.segmentation.deeplab import build_deeplab
 from climate_seg.segmentation.loss import WeightedPixelCrossEntropy, class_weights
 from climate_seg.segmentation.tiramisu import build_tiramisu
@@ -354,6 +355,52 @@ def test_raw_reader_equals_h5py_and_transforms_match_numpy(tiny_climate, tmp_pat
     (fields2, labels2), = evaluation_dataset(tiny_cfg(chunked, downsample=2), "validation")[0].take(1)
     np.testing.assert_array_equal(fields2, fields)
     np.testing.assert_array_equal(labels2, labels)
+
+
+def test_input_ceiling_does_the_pipeline_work_on_both_readers_and_the_bench_reports_it(tiny_climate, tmp_path):
+    """The one-core numpy loop that ``bench --input-only`` measures the pipeline against: 15 samples of the 12
+    training files (cycled in name order) read by byte offset, or with h5py from chunked, compressed copies,
+    normalised and pooled like the pipeline (``value_sum`` against numpy in float64), then cropped and rolled."""
+    files = sorted((tiny_climate / "train").glob("*.h5"))
+    stats = load_stats(tiny_climate / "stats.h5")
+    fields = [h5py.File(f)["climate/data"][()].astype(np.float64) for f in files]
+    expected = sum(((x - stats["min"]) / (stats["max"] - stats["min"])).sum() / 4 for x in fields + fields[:3])
+    chunked = tmp_path / "chunked" / "train"
+    chunked.mkdir(parents=True)
+    for f in files:
+        with h5py.File(f) as src, h5py.File(chunked / f.name, "w") as dst:
+            dst.create_dataset("climate/data", data=src["climate/data"][()], chunks=(16, 16, 16), compression="gzip")
+            dst.create_dataset("climate/labels_0", data=src["climate/labels_0"][()], chunks=True)
+    (chunked.parent / "stats.h5").write_bytes((tiny_climate / "stats.h5").read_bytes())
+    for root in (tiny_climate, chunked.parent):
+        ceiling = input_ceiling(tiny_cfg(root, downsample=2, crop=[24, 40], augment=True), 15)
+        assert ceiling["samples"] == 15 and ceiling["samples_per_second"] == pytest.approx(15 / ceiling["seconds"])
+        # Each value: x - min, / (max - min), the mean of 4 in float32, each step within half an ulp, all
+        # values >= 0 (the training minimum): the sum within 6 ulps relative.
+        assert ceiling["value_sum"] == pytest.approx(expected, rel=6 * 2.0 ** -24)
+        label_bytes = h5py.File(files[0])["climate/labels_0"].dtype.itemsize
+        assert ceiling["bytes_per_sample"] == 64 * 96 * (16 * 4 + label_bytes)
+    # The bench runs it beside the pipeline and reports the ratio.
+    out = tmp_path / "input.json"
+    run_python(["-m", "common.tools.bench", "--config",
+                str(REPO / "configs/climate_seg/demo_tiramisu.yaml"), *tiny_train_overrides(tiny_climate, "tiramisu"),
+                "--steps", "2", "--input-only", "--json", str(out)])
+    i = json.loads(out.read_text())["input"]
+    assert i["ceiling_samples_per_second_per_core"] > 0 and i["bytes_per_sample"] == 64 * 96 * (64 + label_bytes)
+    assert i["ratio_to_ceiling"] == pytest.approx(i["samples_per_second_per_core"]
+                                                  / i["ceiling_samples_per_second_per_core"])
+
+
+def test_a_shuffle_buffer_larger_than_the_epoch_shuffles_within_the_epoch(tiny_climate):
+    """data.shuffle_buffer above a rank's epoch: the epoch is still each training sample once (per-sample
+    field sums as in an unshuffled epoch) and ends there."""
+    def sums(cfg):
+        datasets = build_datasets(cfg, Distributed())
+        batches = list(datasets.train_epoch(0).take(7))   # one more than the epoch's, if it did not end
+        assert len(batches) == datasets.steps_per_epoch == 6
+        return np.sort(np.concatenate([tf.reduce_sum(x, axis=(1, 2, 3)).numpy() for x, _ in batches]))
+
+    np.testing.assert_array_equal(sums(tiny_cfg(tiny_climate, shuffle_buffer=100)), sums(tiny_cfg(tiny_climate)))
 
 
 def test_crops_and_rank_shards(tiny_climate):

@@ -59,6 +59,19 @@ def test_tfrecord_values_and_counts(tmp_path, gzip, per_file):
     assert seen == pytest.approx(sorted(float(s[1][0]) for s in train))
 
 
+def test_a_shuffle_buffer_larger_than_the_epoch_shuffles_within_the_epoch(tmp_path):
+    """data.shuffle_buffer above a rank's epoch: the epoch is still each training sample once, and it ends
+    there (no sample of the next pass read, discarded or mixed in)."""
+    train = make_samples(12, 0)
+    write_tfrecords(tmp_path / "train", train)
+    write_tfrecords(tmp_path / "validation", make_samples(4, 1))
+    datasets = build_datasets(config(tmp_path, shuffle_buffer=100), Distributed())
+    batches = list(datasets.train_epoch(0))
+    assert len(batches) == datasets.steps_per_epoch == 6
+    seen = sorted(float(v) for _, y in batches for v in y.numpy()[:, 0])
+    assert seen == pytest.approx(sorted(float(s[1][0]) for s in train))
+
+
 def test_target_selection_and_no_log(tmp_path):
     samples = make_samples(4, 2)
     write_tfrecords(tmp_path / "train", samples)

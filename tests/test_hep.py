@@ -15,7 +15,8 @@ from common.errors import ConfigError, DataError
 from common.nn.flops import forward_flops_per_sample
 from conftest import REPO, run_python
 from hep_cnn.config import HepConfig
-from hep_cnn.data import build_datasets, compute_maxima, evaluation_events, split_chunks
+from hep_cnn.application import APPLICATION
+from hep_cnn.data import build_datasets, compute_maxima, evaluation_events, input_ceiling, split_chunks
 from hep_cnn.metrics import auc, physics_metrics, selection_rates, tpr_at_fpr, weighted_roc
 from hep_cnn.model import build_model
 
@@ -103,6 +104,36 @@ def test_readers_scale_by_training_maxima(layout_data):
     x, y, w = next(iter(datasets.validation))
     np.testing.assert_allclose(w.numpy(), events["val"][2][:4] / maxima["weight_max"], rtol=1e-6)
     assert x.shape == (4, SIZE, SIZE, 3) and y.dtype == tf.int32
+
+
+def test_input_ceiling_reads_scales_and_augments_like_the_pipeline(layout_data):
+    """The one-core numpy loop ``bench --input-only`` measures the pipeline against: 30 events of the 24
+    training events (chunks of 5, cycled), either layout, divided by the channel maxima (``value_sum``
+    against numpy in float64), weights normalised, flipped and rolled."""
+    layout, directory, events = layout_data
+    cfg = config(directory, layout=layout, weight_normalization="log1p", augment=True)
+    write_maxima(cfg)
+    train = events["train"][0].astype(np.float64) / np.array(compute_maxima(cfg)["channel_max"])[:, None, None]
+    ceiling = input_ceiling(cfg, 30)
+    assert ceiling["samples"] == 30 and ceiling["samples_per_second"] == pytest.approx(30 / ceiling["seconds"])
+    # One float32 division per value (half an ulp), all values >= 0: the sum within 1 ulp relative.
+    assert ceiling["value_sum"] == pytest.approx(train.sum() + train[:6].sum(), rel=2.0 ** -23)
+    assert ceiling["bytes_per_sample"] == 3 * SIZE * SIZE * 4
+    assert APPLICATION.input_ceiling(cfg, 5)["samples"] == 5   # what bench --input-only calls
+
+
+def test_a_shuffle_buffer_larger_than_the_epoch_shuffles_within_the_epoch(layout_data):
+    """data.shuffle_buffer (2048 by default) above a rank's epoch: the epoch is still each training event
+    once and ends there (before, the buffer also filled from the next pass and drew the epoch from both)."""
+    layout, directory, events = layout_data
+    cfg = config(directory, layout=layout, shuffle_buffer=1000, weight_normalization="none")
+    cfg.loss.weighted = True
+    write_maxima(cfg)
+    datasets = build_datasets(cfg, Distributed())
+    batches = list(datasets.train_epoch(0))
+    assert len(batches) == datasets.steps_per_epoch == 6
+    np.testing.assert_array_equal(np.sort(np.concatenate([w.numpy() for _, _, w in batches])),
+                                  np.sort(events["train"][2]))
 
 
 def test_one_channel_log1p_weights_and_sigmoid_targets(layout_data):

@@ -49,6 +49,7 @@ APPLICATION = Application(
     default_config=REPO_ROOT / "configs" / "climate_seg" / "demo_tiramisu.yaml",
     prepare_data="climate_seg.segmentation.data:prepare_data",
     check_data="climate_seg.segmentation.data:check_data",
+    input_ceiling="climate_seg.segmentation.data:input_ceiling",
     mlperf=MlperfSpec(benchmark="deepcam", metric_key="eval_accuracy", logs_key="val_mean_iou", target=0.82,
                       higher_is_better=True, hyperparameters=_mlperf_hyperparameters),
 )

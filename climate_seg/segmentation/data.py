@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import h5py
 import numpy as np
@@ -199,6 +200,51 @@ def _samples(cfg: ClimateConfig, files: list[SampleFile], stats: dict, dist: Dis
     return samples
 
 
+def input_ceiling(cfg: ClimateConfig, samples: int) -> dict:
+    """The simplest loop that does what the training input pipeline does for one sample, in numpy on one core:
+    read the file, take the fields and labels at their byte offsets (h5py for files not stored contiguously),
+    check them (finite fields, labels 0-2), normalise per channel, average-pool by ``data.downsample``, and the
+    training augmentation (random crop, longitude roll).  ``samples`` of them (the training files cycled in
+    name order); what ``common.tools.bench --input-only`` compares the pipeline with.  ``value_sum``: the sum
+    of every normalised, pooled field value before the crop (the roll keeps it), for checking the work."""
+    data = cfg.data
+    files = split_files(cfg, "train")
+    offset, scale = normalizer(data.normalization, load_stats(stats_path(cfg)))
+    (h, w), k = data.grid, data.downsample
+    rng = np.random.default_rng(cfg.train.seed)
+    done, value_sum, start = 0, 0.0, time.perf_counter()
+    while done < samples:
+        for f in files[:samples - done]:
+            if f.data_offset is not None and f.label_offset is not None:
+                with open(f.path, "rb") as handle:
+                    raw = handle.read()
+                fields = np.frombuffer(raw, "<f4", h * w * N_CHANNELS, f.data_offset)
+                fields = (fields.reshape(N_CHANNELS, h, w).transpose(1, 2, 0) if f.channels_first
+                          else fields.reshape(h, w, N_CHANNELS))
+                labels = np.frombuffer(raw, f.label_dtype, h * w, f.label_offset).reshape(h, w)
+            else:
+                fields, labels = read_sample(f.path)
+            if not np.isfinite(fields).all() or labels.min() < 0 or labels.max() >= len(CLASS_NAMES):
+                raise DataError(f"{f.path}: climate/data holds NaN or Inf, or labels outside 0-{len(CLASS_NAMES) - 1}")
+            x = (fields - offset) / scale
+            if k > 1:
+                x = x.reshape(h // k, k, w // k, k, N_CHANNELS).mean(axis=(1, 3), dtype=np.float32)
+                labels = labels[k // 2::k, k // 2::k]
+            value_sum += float(x.sum(dtype=np.float64))
+            if data.crop:
+                top, left = rng.integers(x.shape[0] - data.crop[0] + 1), rng.integers(x.shape[1] - data.crop[1] + 1)
+                x = x[top:top + data.crop[0], left:left + data.crop[1]]
+                labels = labels[top:top + data.crop[0], left:left + data.crop[1]]
+            if data.augment:
+                shift = rng.integers(x.shape[1])
+                x, labels = np.roll(x, shift, axis=1), np.roll(labels, shift, axis=1)
+            labels = labels.astype(np.int32)
+            done += 1
+    seconds = time.perf_counter() - start
+    return {"samples_per_second": done / seconds, "samples": done, "seconds": seconds, "value_sum": value_sum,
+            "bytes_per_sample": h * w * (N_CHANNELS * 4 + np.dtype(files[0].label_dtype).itemsize)}
+
+
 def _augment(cfg: ClimateConfig, fields, labels, seed):
     data = cfg.data
     if data.crop:
@@ -244,8 +290,10 @@ def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
 
     def train_epoch(epoch):
         seed_e = epoch_seed(seed, epoch)
-        # repeat(): a rank with one file fewer than another (uneven split) reuses one; take() bounds it.
-        return _batches(cfg, _samples(cfg, train_files, stats, dist, seed_e, True, staged).repeat(), True, seed_e)
+        # repeat(): a rank with one file fewer than another (uneven split) reuses one; the epoch's samples are
+        # cut before the shuffle, so no sample past the epoch is read (and then discarded) or mixed into it.
+        samples = _samples(cfg, train_files, stats, dist, seed_e, True, staged).repeat().take(steps * data.batch_size)
+        return _batches(cfg, samples, True, seed_e)
 
     validation = _batches(cfg, _samples(cfg, valid_files, stats, dist, seed, False).repeat(), False, seed)
     return Datasets(train_epoch=train_epoch, validation_batches=validation, cache_validation=True,
