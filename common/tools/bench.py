@@ -235,13 +235,7 @@ def _steady_input_rate(datasets, samples_per_step: int, steps: int, threads: int
     else:
         untimed, timed = steps, steps
         window = {"kind": "within the first epoch", "epochs": 0, "batches": timed, "untimed_batches": untimed}
-    iterator = iter(_on_threads(datasets.train_stream(0, 2 + (untimed + timed) // per_epoch), threads))
-    for _ in range(untimed):
-        next(iterator)
-    start = time.perf_counter()
-    for _ in range(timed):
-        next(iterator)
-    return timed * samples_per_step / (time.perf_counter() - start), window
+    return _input_rate(datasets, samples_per_step, timed, untimed, threads), window
 
 
 def input_only(application, cfg, dist, steps: int, stage_decompressed: str | None = None) -> dict:
