@@ -156,14 +156,21 @@ def limit_chunks(chunks: list[Chunk], requested: int | None, key: str, where: st
 
 # -- reading ----------------------------------------------------------------------------
 
-def read_chunk(path: str, start: int, stop: int, layout: str, channels: int):
-    """(images N x eta x phi x C float32, labels int32, weights float32, pass_sr int32), unscaled."""
+# Stored image axes -> (N, eta, phi, C): the benchmark layout stores (N, C, phi, eta); the all_events layout's
+# per-channel (N, eta, phi) datasets are stacked on axis 1 as (N, C, eta, phi).
+TO_EVENT_AXES = {"benchmark": (0, 3, 2, 1), "all_events": (0, 2, 3, 1)}
+
+
+def read_chunk_stored(path: str, start: int, stop: int, layout: str, channels: int):
+    """(images N x C x . x . float32 with the channel axis first, as stored, labels int32, weights float32,
+    pass_sr int32), unscaled and checked; ``TO_EVENT_AXES[layout]`` puts the images in (N, eta, phi, C).
+    The input pipeline transposes in TensorFlow (several times faster than numpy's strided copy)."""
     keys = LAYOUT_KEYS[layout]
     with reading(path, f"events {start}-{stop}"), h5py.File(path, "r") as f:
-        if layout == "benchmark":   # (N, C, phi, eta) -> (N, eta, phi, C)
-            images = np.transpose(f["data"][start:stop, :channels], (0, 3, 2, 1))
+        if layout == "benchmark":
+            images = f["data"][start:stop, :channels]
         else:
-            images = np.stack([f[k][start:stop] for k in keys["images"][:channels]], axis=-1)
+            images = np.stack([f[k][start:stop] for k in keys["images"][:channels]], axis=1)
         labels = f[keys["label"]][start:stop]
         weights = f[keys["weight"]][start:stop]
         pass_sr = f[keys["pass_sr"]][start:stop]
@@ -176,6 +183,12 @@ def read_chunk(path: str, start: int, stop: int, layout: str, channels: int):
         raise DataError(f"{where}: event weights must be finite and >= 0")
     return (np.asarray(images, np.float32), np.asarray(labels, np.int32).reshape(-1),
             np.asarray(weights, np.float32).reshape(-1), np.asarray(pass_sr, np.int32).reshape(-1))
+
+
+def read_chunk(path: str, start: int, stop: int, layout: str, channels: int):
+    """(images N x eta x phi x C float32, labels int32, weights float32, pass_sr int32), unscaled."""
+    images, labels, weights, pass_sr = read_chunk_stored(path, start, stop, layout, channels)
+    return np.transpose(images, TO_EVENT_AXES[layout]), labels, weights, pass_sr
 
 
 def input_ceiling(cfg: HepConfig, samples: int) -> dict:
@@ -284,13 +297,15 @@ def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed
 
     def read(path, start, stop, layout):
         images, labels, weights, pass_sr = tf.numpy_function(
-            lambda p, a, b, lay: read_chunk(p.decode(), int(a), int(b), lay.decode(), data.channels),
+            lambda p, a, b, lay: read_chunk_stored(p.decode(), int(a), int(b), lay.decode(), data.channels),
             [path, start, stop, layout], [tf.float32, tf.int32, tf.float32, tf.int32], stateful=False)
-        images.set_shape((None, *shape))
+        images.set_shape((None, data.channels, None, None))
         for t in (labels, weights, pass_sr):
             t.set_shape((None,))
-        if scale is not None:
-            images = images / np.maximum(scale, 1e-12)
+        if scale is not None:   # on the channel axis, before the transpose: the same values, and a smaller copy
+            images = images / np.maximum(scale, 1e-12)[:, None, None]
+        axes = tf.where(tf.equal(layout, "benchmark"), TO_EVENT_AXES["benchmark"], TO_EVENT_AXES["all_events"])
+        images = tf.ensure_shape(tf.transpose(images, axes), (None, *shape))
         weights = normalise_weights(weights, data.weight_normalization, maxima["weight_max"])
         return tf.data.Dataset.from_tensor_slices((images, labels, weights, pass_sr))
 
