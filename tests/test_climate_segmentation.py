@@ -25,6 +25,7 @@ from climate_seg.segmentation.loss import WeightedPixelCrossEntropy, class_weigh
 from climate_seg.segmentation.tiramisu import build_tiramisu
 from common.distributed import Distributed
 from common.errors import DataError
+from common.storage.data import data_error_from_pipeline
 from common.nn.metrics import ConfusionMatrix, iou_from_confusion
 from tests.conftest import REPO, last_json_line, run_python
 
@@ -355,6 +356,29 @@ def test_raw_reader_equals_h5py_and_transforms_match_numpy(tiny_climate, tmp_pat
     (fields2, labels2), = evaluation_dataset(tiny_cfg(chunked, downsample=2), "validation")[0].take(1)
     np.testing.assert_array_equal(fields2, fields)
     np.testing.assert_array_equal(labels2, labels)
+
+
+@pytest.mark.parametrize("cut", ["fields", "labels"])
+def test_a_file_cut_short_after_screening_is_named_by_the_raw_reader(tiny_climate, tmp_path, cut):
+    """The raw reader reads each array at its offset: a file truncated after the start-up screening (a copy
+    still arriving, a full disk) is named with the array it cuts, never read short."""
+    root = tmp_path / "data"
+    shutil.copytree(tiny_climate, root, ignore=shutil.ignore_patterns("netcdf"))
+    cfg = tiny_cfg(root)
+    dataset, _ = evaluation_dataset(cfg, "validation")
+    victim = sorted((root / "validation").glob("*.h5"))[0]
+    info = inspect_file(str(victim), TINY_GRID)
+    keep = info.data_offset + 100 if cut == "fields" else info.label_offset + 10
+    victim.write_bytes(victim.read_bytes()[:keep])
+    with pytest.raises(tf.errors.OpError) as caught:
+        for _ in dataset:
+            pass
+    error = data_error_from_pipeline(caught.value)
+    what, offset = ("climate/data", info.data_offset) if cut == "fields" else ("labels", info.label_offset)
+    assert error is not None and str(error) == (
+        f"{victim}: truncated: {what} at byte offset {offset} needs "
+        f"{TINY_GRID[0] * TINY_GRID[1] * (16 * 4 if cut == 'fields' else np.dtype(info.label_dtype).itemsize)} "
+        f"bytes, the file holds {keep - offset} of them")
 
 
 def test_input_ceiling_does_the_pipeline_work_on_both_readers_and_the_bench_reports_it(tiny_climate, tmp_path):

@@ -10,10 +10,11 @@ a sample) or ``python -m climate_seg.cam5.stats`` (:func:`climate_seg.stats.load
 Reading without the GIL: at start-up every file is screened once (each rank a
 share) and the byte offsets of its two datasets are recorded.  When every file
 stores them contiguously and uncompressed (what ``climate_seg.cam5.convert``
-writes, and HDF5's default), samples are read with ``tf.io.read_file`` and
-decoded with ``tf.io.decode_raw``: pure TF ops that run in parallel on the
-tf.data thread pool.  Chunked or compressed files fall back to h5py inside
-``tf.numpy_function`` (correct, but serialised on the GIL); the run says so.
+writes, and HDF5's default), each array is read at its offset straight into
+its buffer (``readinto``, which releases the GIL while it reads, so reads run
+in parallel on the tf.data thread pool).  Chunked or compressed files fall
+back to h5py inside ``tf.numpy_function`` (correct, but serialised on the
+GIL); the run says so.
 
 Per sample: normalise per channel (min-max or z-score from stats.h5),
 average-pool the fields and take every n-th label (``data.downsample``),
@@ -37,7 +38,8 @@ from climate_seg.cam5.data import SPLITS, normalizer, prepare, screened_split, s
 from climate_seg.cam5.stats import class_counts_path, load_stats, read_sample, sample_layout, write_class_counts
 from climate_seg.cam5.synth import generate_dataset
 from common.application import Datasets
-from common.storage.data import check_split_files, epoch_seed, select_count, shards_files, stage_files, steps_for
+from common.storage.data import (check_split_files, epoch_seed, reading, select_count, shards_files, stage_files,
+                                 steps_for)
 from common.distributed import Distributed
 from common.errors import DataError
 
@@ -95,19 +97,41 @@ def raw_readable(files: list[SampleFile]) -> bool:
 
 # -- reading ------------------------------------------------------------------------------
 
+def read_at(path: str, offset: int, dtype: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``shape`` values of ``dtype`` stored at byte ``offset`` of ``path``, read straight into a new array
+    (one copy from the page cache; ``readinto`` releases the GIL while it reads)."""
+    out = np.empty(shape, np.dtype(dtype))
+    view, done = memoryview(out).cast("B"), 0
+    with reading(path, what), open(path, "rb", buffering=0) as handle:
+        handle.seek(offset)
+        while done < out.nbytes:
+            n = handle.readinto(view[done:])
+            if not n:
+                raise DataError(f"{path}: truncated: {what} at byte offset {offset} needs {out.nbytes} bytes, "
+                                f"the file holds {done} of them")
+            done += n
+    return out
+
+
 def _read_raw(cfg: ClimateConfig, label_dtype: str, channels_first: bool):
     h, w = cfg.data.grid
-    data_bytes = h * w * N_CHANNELS * 4
+    shape = (N_CHANNELS, h, w) if channels_first else (h, w, N_CHANNELS)
     label_type = RAW_LABEL_DTYPES[label_dtype]
-    label_bytes = h * w * np.dtype(label_dtype).itemsize
+
+    def load(path, data_offset, label_offset):
+        path = path.decode()
+        return (read_at(path, int(data_offset), "<f4", shape, "climate/data"),
+                read_at(path, int(label_offset), label_dtype, (h, w), "labels"))
 
     def read(path, data_offset, label_offset):
-        contents = tf.io.read_file(path)
-        data = tf.io.decode_raw(tf.strings.substr(contents, data_offset, data_bytes), tf.float32)
-        labels = tf.io.decode_raw(tf.strings.substr(contents, label_offset, label_bytes), label_type)
+        # One read per array into its own buffer: tf.io.read_file + substr + decode_raw made three copies of
+        # each 57 MB DeepCAM sample (profile in docs/performance.md), twice the time of this.
+        data, labels = tf.numpy_function(load, [path, data_offset, label_offset], [tf.float32, label_type],
+                                         stateful=False)
+        data = tf.ensure_shape(data, shape)
         if channels_first:   # SC18: (16, H, W)
-            data = tf.transpose(tf.reshape(data, (N_CHANNELS, h, w)), (1, 2, 0))
-        return tf.reshape(data, (h, w, N_CHANNELS)), tf.cast(tf.reshape(labels, (h, w)), tf.int32)
+            data = tf.transpose(data, (1, 2, 0))
+        return data, tf.cast(tf.ensure_shape(labels, (h, w)), tf.int32)
 
     return read
 
@@ -202,7 +226,7 @@ def _samples(cfg: ClimateConfig, files: list[SampleFile], stats: dict, dist: Dis
 
 def input_ceiling(cfg: ClimateConfig, samples: int) -> dict:
     """The simplest loop that does what the training input pipeline does for one sample, in numpy on one core:
-    read the file, take the fields and labels at their byte offsets (h5py for files not stored contiguously),
+    read the fields and labels at their byte offsets (h5py for files not stored contiguously),
     check them (finite fields, labels 0-2), normalise per channel, average-pool by ``data.downsample``, and the
     training augmentation (random crop, longitude roll).  ``samples`` of them (the training files cycled in
     name order); what ``common.tools.bench --input-only`` compares the pipeline with.  ``value_sum``: the sum
@@ -216,12 +240,10 @@ def input_ceiling(cfg: ClimateConfig, samples: int) -> dict:
     while done < samples:
         for f in files[:samples - done]:
             if f.data_offset is not None and f.label_offset is not None:
-                with open(f.path, "rb") as handle:
-                    raw = handle.read()
-                fields = np.frombuffer(raw, "<f4", h * w * N_CHANNELS, f.data_offset)
+                fields = read_at(f.path, f.data_offset, "<f4", (h * w * N_CHANNELS,), "climate/data")
                 fields = (fields.reshape(N_CHANNELS, h, w).transpose(1, 2, 0) if f.channels_first
                           else fields.reshape(h, w, N_CHANNELS))
-                labels = np.frombuffer(raw, f.label_dtype, h * w, f.label_offset).reshape(h, w)
+                labels = read_at(f.path, f.label_offset, f.label_dtype, (h, w), "labels")
             else:
                 fields, labels = read_sample(f.path)
             if not np.isfinite(fields).all() or labels.min() < 0 or labels.max() >= len(CLASS_NAMES):
