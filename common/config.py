@@ -88,6 +88,10 @@ class DataSection(Section):
     batch_size: PositiveInt = Field(1, description="samples per rank per step")
     on_bad_file: Literal["fail", "skip"] = Field(
         "fail", description="a truncated or malformed file stops the run (fail) or is left out and reported (skip)")
+    derived_dir: str | None = Field(
+        None, description="where the suite writes what it computes from the data (channel statistics, class counts, "
+        "maxima), never the data folder: default a folder per dataset under $HPCDL_DERIVED_DIR or "
+        "~/.cache/hpc-dl-suite/derived; on several nodes, one they all see")
 
 
 class TrainSection(Section):

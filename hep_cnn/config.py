@@ -35,7 +35,7 @@ class HepDataSection(DataSection):
     chunk_size: PositiveInt = Field(256, description="events per HDF5 read")
     shuffle_buffer: NonNegativeInt = Field(2048, description="events in the shuffle buffer after reading")
     scale_by_maxima: bool = Field(True, description="divide each channel by its training-set maximum")
-    maxima_file: str = Field("channel_maxima.json", description="written beside the data by python -m hep_cnn.maxima")
+    maxima_file: str = Field("channel_maxima.json", description="written into data.derived_dir by python -m hep_cnn.maxima")
     weight_normalization: Literal["none", "max", "log1p"] = Field(
         "max", description="event weights: none, divided by the training maximum, or log1p")
     augment: bool = Field(False, description="random eta flip and phi roll (the detector is symmetric)")

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from common.application import Datasets
 from common.storage.data import check_quietly, epoch_seed, list_files, reading, screen_files, select_count, steps_for
+from common.storage.derived import derived_file
 from common.distributed import Distributed
 from common.errors import DataError
 from hep_cnn.config import HepConfig
@@ -251,14 +252,18 @@ def compute_maxima(cfg: HepConfig) -> dict:
 
 
 def maxima_path(cfg: HepConfig) -> pathlib.Path:
-    return pathlib.Path(cfg.data.data_dir) / cfg.data.maxima_file
+    """The training-set maxima: the suite's in the derived folder (:func:`common.storage.derived.derived_dir`),
+    else a file beside the data (shipped with it, or written there by versions before 2026-12-04), else where
+    ``hep_cnn.maxima`` writes them (the derived folder, never the data folder)."""
+    return derived_file(cfg.data, cfg.data.maxima_file)
 
 
 def load_maxima(cfg: HepConfig) -> dict:
     """The training-set maxima (per channel, and of the event weights) that normalise every split."""
     path = maxima_path(cfg)
     if not path.is_file():
-        raise DataError(f"{path}: training-set maxima not found; run python -m hep_cnn.maxima --config <config>")
+        raise DataError(f"{path}: training-set maxima not found; run python -m hep_cnn.maxima --config <config> "
+                        "(on several nodes, with data.derived_dir a folder they all see)")
     try:
         maxima = json.loads(path.read_text())
         valid = len(maxima["channel_max"]) == 3 and maxima["weight_max"] > 0
@@ -405,11 +410,13 @@ def prepare_data(cfg: HepConfig) -> None:
     and the training-set channel maxima when missing."""
     data = cfg.data
     directory = pathlib.Path(data.data_dir)
-    if data.synth.generate_if_missing and not dataset_present(directory):
+    generated = data.synth.generate_if_missing and not dataset_present(directory)
+    if generated:
         s = data.synth
         generate_dataset(directory, s.n_train, s.n_validation, s.n_test, data.image_size, s.signal_fraction,
                          s.events_per_file, s.seed, "all_events" if data.layout == "auto" else data.layout)
         log.info(f"generated synthetic events in {directory}")
     if not maxima_path(cfg).is_file():
-        maxima = write_maxima(cfg)
+        # Into the folder this call generated (the suite's own), else the derived folder: never a user's data folder.
+        maxima = write_maxima(cfg, path=directory / data.maxima_file if generated else None)
         log.info(f"computed training-set maxima {maxima['channel_max']} into {maxima_path(cfg)}")

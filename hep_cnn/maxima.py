@@ -1,8 +1,10 @@
-"""Training-set maxima for scaling, stored beside the data.
+"""Training-set maxima for scaling, computed once per dataset.
 
     python -m hep_cnn.maxima --config configs/hep_cnn/demo.yaml [--set data.data_dir=D]
 
-Writes ``DATA_DIR/channel_maxima.json`` (``data.maxima_file``): the maximum
+Writes ``channel_maxima.json`` (``data.maxima_file``) into the derived folder
+(``data.derived_dir``, default a folder per dataset in ~/.cache/hpc-dl-suite/derived;
+never the data folder, which may be read-only): the maximum
 of each of the three channels and of the event weight over the training
 split; the pipeline divides each channel by its maximum and, with
 ``weight_normalization: max``, the weights by theirs.  Written atomically.
@@ -15,15 +17,17 @@ import sys
 
 from common.cli import exit_on_user_error
 from common.config import load_config
+from common.storage.derived import derived_dir, writable_derived
 from common.storage.outputs import check_replaceable, write_json
 from hep_cnn.config import HepConfig
 
 
-def write_maxima(cfg, force: bool = False) -> dict:
-    """Compute and write the maxima; a file there that this suite did not write is kept (an error)."""
-    from hep_cnn.data import compute_maxima, maxima_path   # deferred: TensorFlow, and hep_cnn.data imports this module
+def write_maxima(cfg, force: bool = False, path=None) -> dict:
+    """Compute and write the maxima into ``path`` (default: the derived folder, never the data folder); a file
+    there that this suite did not write is kept (an error) unless ``force``."""
+    from hep_cnn.data import compute_maxima   # deferred: TensorFlow, and hep_cnn.data imports this module
 
-    path = maxima_path(cfg)
+    path = writable_derived(derived_dir(cfg.data) / cfg.data.maxima_file) if path is None else path
     check_replaceable(path, force, "pass --force to replace it, or set data.maxima_file to another name")
     maxima = compute_maxima(cfg)
     write_json(path, maxima, "hep_cnn.maxima", force)

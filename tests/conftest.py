@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pathlib
@@ -9,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -16,6 +18,12 @@ import pytest
 import common  # noqa: F401  (first: TensorFlow's kernel set and logging, for this process and every child)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# What the suite computes from a dataset (statistics, class counts, maxima) goes to the derived folder, by
+# default in the user's cache: the tests' go to a folder of this session (children inherit it), removed after.
+DERIVED = pathlib.Path(tempfile.mkdtemp(prefix="hpcdl-test-derived-"))
+os.environ["HPCDL_DERIVED_DIR"] = str(DERIVED)
+atexit.register(shutil.rmtree, DERIVED, True)
 
 
 def python_env(extra: dict | None = None) -> dict:

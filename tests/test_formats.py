@@ -3,6 +3,7 @@ written here with h5py and TensorFlow's own writers in each reference layout, ti
 values the network sees checked against numpy: normalised tensors, boxes in pixel rows and columns,
 targets in order."""
 
+import hashlib
 import json
 
 import h5py
@@ -15,7 +16,7 @@ from climate_seg.segmentation.config import ClimateConfig
 from common.config import validate
 from common.distributed import Distributed
 from common.errors import DataError
-from conftest import run_python
+from conftest import DERIVED, run_python
 
 GRID = (6, 10)
 RNG = np.random.default_rng(2026)
@@ -92,12 +93,13 @@ def test_climate_samples_and_statistics_as_published(tmp_path, layout, normaliza
     assert datasets.steps_per_epoch == 2 and datasets.validation_steps == 1
 
 
-def test_published_statistics_get_class_counts_beside_them_never_over(tmp_path):
-    """A short training run on DeepCAM-layout data: its stats.h5 is read, untouched, and the class counts the
-    weighted loss needs are written beside it in a file of their own."""
+def test_published_statistics_are_read_and_class_counts_go_to_the_derived_folder(tmp_path):
+    """A short training run on DeepCAM-layout data: its stats.h5 is read, and the class counts the weighted loss
+    needs are written into the derived folder (by default one per dataset under $HPCDL_DERIVED_DIR, named after
+    the data folder and the sha256 of its absolute path); the data folder is left exactly as it was."""
     fields, labels = climate_fields(6)
     write_deepcam(tmp_path / "data", fields, labels)
-    shipped = (tmp_path / "data" / "stats.h5").read_bytes()
+    before = {p: p.read_bytes() for p in sorted((tmp_path / "data").rglob("*")) if p.is_file()}
     result = run_python(["-m", "climate_seg.train", "--config", "configs/climate_seg/demo_tiramisu.yaml",
                          "--output-dir", str(tmp_path / "run"), "--set", f"data.data_dir={tmp_path / 'data'}",
                          "--set", f"data.grid=[{GRID[0]},{GRID[1]}]", "--set", "data.downsample=1",
@@ -108,8 +110,10 @@ def test_published_statistics_get_class_counts_beside_them_never_over(tmp_path):
                          "--set", "train.epochs=1", "--set", "train.tensorboard=false",
                          "--set", "loss.class_weights=inverse_frequency"])
     assert "DeepCAM (climate/data H x W x 16, climate/labels_0) samples" in result.stdout
-    assert (tmp_path / "data" / "stats.h5").read_bytes() == shipped
-    counts = json.loads((tmp_path / "data" / "class_counts.json").read_text())
+    assert {p: p.read_bytes() for p in sorted((tmp_path / "data").rglob("*")) if p.is_file()} == before
+    folder = (tmp_path / "data").resolve()
+    derived = DERIVED / f"data-{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
+    counts = json.loads((derived / "class_counts.json").read_text())
     np.testing.assert_array_equal(counts["counts"], np.bincount(labels[:4].reshape(-1), minlength=3))
 
 

@@ -113,16 +113,47 @@ def test_stats_never_replaces_a_shipped_statistics_file(tmp_path):
         assert f["mean"].shape == (16,)
 
 
-def test_maxima_never_replace_a_users_file(tmp_path):
+def test_derived_files_are_the_suites_own_first_then_the_shipped_ones_never_written_into_the_data(tmp_path,
+                                                                                                 monkeypatch):
+    import hashlib
+    import types
+
+    from common.storage.derived import derived_dir, derived_file
+
+    data = tmp_path / "published"
+    data.mkdir()
+    monkeypatch.setenv("HPCDL_DERIVED_DIR", str(tmp_path / "cache"))
+    default = types.SimpleNamespace(data_dir=str(data), derived_dir=None)
+    own = tmp_path / "cache" / f"published-{hashlib.sha256(str(data.resolve()).encode()).hexdigest()[:12]}"
+    assert derived_dir(default) == own
+    assert derived_file(default, "stats.h5") == own / "stats.h5"            # nothing yet: where to write it
+    (data / "stats.h5").write_bytes(b"shipped")
+    assert derived_file(default, "stats.h5") == data / "stats.h5"           # shipped with the data: read there
+    own.mkdir(parents=True)
+    (own / "stats.h5").write_bytes(b"computed")
+    assert derived_file(default, "stats.h5") == own / "stats.h5"            # the suite's own first
+    chosen = types.SimpleNamespace(data_dir=str(data), derived_dir=str(tmp_path / "mine"))
+    assert derived_file(chosen, "stats.h5") == data / "stats.h5"
+    assert derived_dir(chosen) == tmp_path / "mine"
+
+
+def test_maxima_go_to_the_derived_folder_never_over_a_users_file(tmp_path):
     from hep_cnn.synth import generate_dataset
 
     data = generate_dataset(tmp_path / "hep", 8, 4, 4, image_size=8, events_per_file=8, progress=False)
-    (data / "channel_maxima.json").write_text('{"channel_max": [1, 2, 3], "weight_max": 1, "mine": true}\n')
-    refused(["-m", "hep_cnn.maxima", "--config", "configs/hep_cnn/demo.yaml", "--set", f"data.data_dir={data}",
-             "--set", "data.image_size=8"], tmp_path, "--force")
-    run_python(["-m", "hep_cnn.maxima", "--config", "configs/hep_cnn/demo.yaml", "--set", f"data.data_dir={data}",
-                "--set", "data.image_size=8", "--force"])
-    assert "mine" not in json.loads((data / "channel_maxima.json").read_text())
+    users = '{"channel_max": [1, 2, 3], "weight_max": 1, "mine": true}\n'
+    (data / "channel_maxima.json").write_text(users)
+    before = sorted(p.name for p in data.iterdir())
+    derived = tmp_path / "derived"
+    args = ["-m", "hep_cnn.maxima", "--config", "configs/hep_cnn/demo.yaml", "--set", f"data.data_dir={data}",
+            "--set", "data.image_size=8", "--set", f"data.derived_dir={derived}"]
+    run_python(args)
+    assert (data / "channel_maxima.json").read_text() == users and sorted(p.name for p in data.iterdir()) == before
+    assert "mine" not in json.loads((derived / "channel_maxima.json").read_text())
+    (derived / "channel_maxima.json").write_text(users)   # a file of the user's in the derived folder: kept
+    refused(args, tmp_path, "--force")
+    run_python([*args, "--force"])
+    assert "mine" not in json.loads((derived / "channel_maxima.json").read_text())
 
 
 def test_staging_refuses_a_folder_of_other_files(tiny_cosmo_data, tmp_path):

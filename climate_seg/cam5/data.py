@@ -16,6 +16,7 @@ import numpy as np
 
 from climate_seg.cam5.stats import compute_stats, locate_stats, write_stats
 from common.storage.data import list_files, screen_files
+from common.storage.derived import derived_file, writable_derived
 from common.distributed import Distributed
 from common.errors import ConfigError
 from common.storage.outputs import generated_folder
@@ -38,8 +39,10 @@ def screened_split(data, split: str, inspect, what: str, dist: Distributed | Non
 
 
 def stats_path(cfg) -> pathlib.Path:
-    """The dataset's statistics file (DeepCAM's and this suite's at the root, SC18's in train/)."""
-    return locate_stats(cfg.data.data_dir, cfg.data.stats_file)
+    """The dataset's statistics file: the suite's own in the derived folder (:func:`derived_dir`), else the
+    one shipped with the data (DeepCAM's and this suite's at the root, SC18's in train/), else where the
+    suite writes it (the derived folder, never the data folder)."""
+    return derived_file(cfg.data, cfg.data.stats_file, locate_stats(cfg.data.data_dir, cfg.data.stats_file))
 
 
 def normalizer(normalization: str, stats: dict, channels: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -53,21 +56,23 @@ def normalizer(normalization: str, stats: dict, channels: list[int] | None = Non
     return np.asarray(offset, np.float32), np.maximum(scale, 1e-12).astype(np.float32)
 
 
-def prepare(cfg, generate, what: str, stats_file: pathlib.Path, channels) -> None:
-    """Generate synthetic data into an absent or empty ``data.data_dir`` when asked, then the statistics
-    when missing (a new file beside the data, never over one).  ``generate(folder)`` fills a new folder."""
+def prepare(cfg, generate, what: str, channels) -> None:
+    """Generate synthetic data into an absent or empty ``data.data_dir`` when asked (its statistics with it,
+    in the new folder), then the statistics when there are none (:func:`stats_path`: into the derived folder,
+    never into the data's).  ``generate(folder)`` fills a new folder."""
     data = cfg.data
     root = pathlib.Path(data.data_dir)
-    stats_name = stats_file.relative_to(root) if stats_file.is_relative_to(root) else None
     if data.synth.generate_if_missing and not any((root / "train").glob("*.h5")):
         if tuple(data.synth.grid) != tuple(data.grid):
             raise ConfigError(f"data.synth.grid {list(data.synth.grid)} must equal data.grid {list(data.grid)}")
         with generated_folder(root, "climate data (train/, validation/, test/ of *.h5 files)") as work:
             generate(work)
-            if stats_name is not None:
-                write_stats(work / stats_name, compute_stats(list_files(work / "train", ("*.h5",), f"{what} train")),
-                            channels)
+            (work / data.stats_file).parent.mkdir(parents=True, exist_ok=True)
+            write_stats(work / data.stats_file, compute_stats(list_files(work / "train", ("*.h5",), f"{what} train")),
+                        channels)
         log.info(f"generated synthetic {what} in {root}/{{{','.join(SPLITS)}}}")
+    stats_file = stats_path(cfg)
     if (root / "train").is_dir() and not stats_file.is_file():
-        write_stats(stats_file, compute_stats(list_files(root / "train", ("*.h5",), f"{what} train")), channels)
-        log.info(f"computed channel statistics into {stats_file}")
+        write_stats(writable_derived(stats_file), compute_stats(list_files(root / "train", ("*.h5",), f"{what} train")),
+                    channels)
+        log.info(f"computed channel statistics into {stats_file} ({data.data_dir} is left as it is)")

@@ -8,8 +8,8 @@ this suite's (root ``mean``, ``std``, ``min``, ``max``, ``class_frequencies``),
 DeepCAM's (``climate/minval``, ``maxval``, ``mean``, ``sqmean``, ``count``,
 at the data root) and SC18 ClimDeepLearn's (``climate/stats`` (16, 4) of
 [mean, max, min, std], in each split folder).  Neither published file holds
-class frequencies; :func:`write_class_counts` adds them beside, in a file of
-their own.
+class frequencies; :func:`write_class_counts` counts them into a file of
+their own in the derived folder (never the data folder).
 
 One streaming pass: each file adds its count, mean and sum of squared
 deviations (merged with Chan et al.'s pairwise formula in float64, so no
@@ -34,6 +34,7 @@ from climate_seg.cam5.config import CHANNELS, CLASS_NAMES
 from common.cli import exit_on_user_error, exit_process
 from common.console import logs
 from common.errors import DataError
+from common.storage.derived import derived_file
 from common.storage.outputs import atomic_path, check_replaceable, mark_hdf5, write_json
 
 # Imported where used, not here: common.distributed and common.storage.data (TensorFlow), only in the command: the
@@ -262,9 +263,11 @@ def load_stats(path) -> dict:
 CLASS_COUNTS_FILE = "class_counts.json"
 
 
-def class_counts_path(stats_path) -> pathlib.Path:
-    """Where the class counts of a dataset whose statistics lack them are kept: beside its statistics file."""
-    return pathlib.Path(stats_path).with_name(CLASS_COUNTS_FILE)
+def class_counts_path(data, stats_path) -> pathlib.Path:
+    """Where the class counts of a dataset whose statistics lack them are kept: the derived folder
+    (:func:`common.storage.data.derived_dir`); one beside the statistics file (where versions before
+    2026-12-04 wrote it) is read when the derived folder has none."""
+    return derived_file(data, CLASS_COUNTS_FILE, pathlib.Path(stats_path).with_name(CLASS_COUNTS_FILE))
 
 
 def write_class_counts(path, files: list[str]) -> np.ndarray:
@@ -280,14 +283,16 @@ def write_class_counts(path, files: list[str]) -> np.ndarray:
     return counts / max(counts.sum(), 1)
 
 
-def load_class_frequencies(stats: dict, stats_path) -> np.ndarray:
-    """The class frequencies: from the statistics file, else from its class-counts file beside it."""
+def load_class_frequencies(stats: dict, stats_path, data) -> np.ndarray:
+    """The class frequencies: from the statistics file, else from the class-counts file
+    (:func:`class_counts_path`)."""
     if "class_frequencies" in stats:
         return stats["class_frequencies"]
-    path = class_counts_path(stats_path)
+    path = class_counts_path(data, stats_path)
     if not path.is_file():
         raise DataError(f"{stats_path}: holds no class frequencies ({stats['format']}) and {path} is missing; "
-                        "training computes it when it can write there, or give loss.class_weights as three numbers")
+                        "training counts them there first (on several nodes, set data.derived_dir to a folder "
+                        "they all see), or give loss.class_weights as three numbers")
     counts = np.asarray(json.loads(path.read_text())["counts"], np.float64)
     return counts / max(counts.sum(), 1)
 

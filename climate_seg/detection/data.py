@@ -334,4 +334,4 @@ def check_data(cfg: DetectConfig) -> tuple[int, list[str]]:
 def prepare_data(cfg: DetectConfig) -> None:
     """Synthetic snapshots into an absent or empty data folder when asked; the channel statistics when missing."""
     prepare(cfg, lambda root: generate_detection_dataset(root, cfg.data.synth, progress=False),
-            "detection snapshots", stats_path(cfg), cfg.data.file_channels)
+            "detection snapshots", cfg.data.file_channels)

@@ -40,6 +40,7 @@ from climate_seg.cam5.synth import generate_dataset
 from common.application import Datasets
 from common.storage.data import (check_split_files, epoch_seed, reading, select_count, shards_files, stage_files,
                                  steps_for)
+from common.storage.derived import writable_derived
 from common.distributed import Distributed
 from common.errors import DataError
 
@@ -354,18 +355,19 @@ def check_data(cfg: ClimateConfig) -> tuple[int, list[str]]:
 
 def prepare_data(cfg: ClimateConfig) -> None:
     """Synthetic netCDF -> converted HDF5 samples -> stats.h5, for whatever is missing; and the class
-    counts a published statistics file lacks, when the loss weights need them (a file of their own)."""
+    counts a published statistics file lacks, when the loss weights need them (a file of their own in the
+    derived folder)."""
     def generate(root):
         netcdf = generate_dataset(root / "netcdf", cfg.data.synth, progress=False)
         for split in SPLITS:
             convert([str(p) for p in netcdf[split]], root / split)
 
+    prepare(cfg, generate, "CAM5 fields (netCDF, converted)", CHANNELS)
     stats_file = stats_path(cfg)
-    prepare(cfg, generate, "CAM5 fields (netCDF, converted)", stats_file, CHANNELS)
-    counts_file = class_counts_path(stats_file)
+    counts_file = class_counts_path(cfg.data, stats_file)
     if isinstance(cfg.loss.class_weights, str) and cfg.loss.class_weights != "none" and stats_file.is_file() \
             and "class_frequencies" not in load_stats(stats_file) and not counts_file.is_file():
         files = [f.path for f in split_files(cfg, "train")]
-        frequencies = write_class_counts(counts_file, files)
+        frequencies = write_class_counts(writable_derived(counts_file), files)
         log.info(f"{stats_file} holds no class frequencies; counted them over {len(files)} training samples into "
                  f"{counts_file}: " + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)))

@@ -34,7 +34,7 @@ def class_weights(cfg: ClimateConfig, stats: dict | None = None) -> np.ndarray:
     if spec == "none":
         return np.ones(len(CLASS_NAMES))
     stats = stats if stats is not None else load_stats(stats_path(cfg))
-    frequencies = load_class_frequencies(stats, stats_path(cfg))
+    frequencies = load_class_frequencies(stats, stats_path(cfg), cfg.data)
     if np.any(frequencies <= 0):
         absent = [n for n, f in zip(CLASS_NAMES, frequencies) if f <= 0]
         raise DataError(f"{stats_path(cfg)}: class(es) {absent} never occur in the training labels; "
