@@ -404,12 +404,14 @@ def test_input_ceiling_does_the_pipeline_work_on_both_readers_and_the_bench_repo
         assert ceiling["value_sum"] == pytest.approx(expected, rel=6 * 2.0 ** -24)
         label_bytes = h5py.File(files[0])["climate/labels_0"].dtype.itemsize
         assert ceiling["bytes_per_sample"] == 64 * 96 * (16 * 4 + label_bytes)
-    # The bench runs it beside the pipeline and reports the ratio.
-    out = tmp_path / "input.json"
+    # The bench runs it beside the pipeline and reports the ratio, on the files in data_dir: a config's staging
+    # folder is neither timed nor filled (the Gordon Bell configs stage to /dev/shm).
+    out, stage = tmp_path / "input.json", tmp_path / "stage"
     run_python(["-m", "common.tools.bench", "--config",
                 str(REPO / "configs/climate_seg/demo_tiramisu.yaml"), *tiny_train_overrides(tiny_climate, "tiramisu"),
-                "--steps", "2", "--input-only", "--json", str(out)])
+                "--set", f"data.stage_dir={stage}", "--steps", "2", "--input-only", "--json", str(out)])
     i = json.loads(out.read_text())["input"]
+    assert not stage.exists() and i["config_stage_dir_not_used"] == str(stage)
     assert i["ceiling_samples_per_second_per_core"] > 0 and i["bytes_per_sample"] == 64 * 96 * (64 + label_bytes)
     assert i["ratio_to_ceiling"] == pytest.approx(i["samples_per_second_per_core"]
                                                   / i["ceiling_samples_per_second_per_core"])
