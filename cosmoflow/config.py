@@ -52,7 +52,8 @@ class CosmoDataSection(DataSection):
     shuffle_buffer: NonNegativeInt = Field(0, description="sample shuffle buffer after reading (0: file shuffle only)")
     stage_dir: str | None = Field(None, description="copy each rank's files here (node-local SSD, /dev/shm) before training")
     stage_decompress: bool = Field(False, description="with stage_dir and compression: gzip, stage the training "
-                                                      "files uncompressed (read without inflating; more bytes)")
+                                                      "files inflated (MLPerf's layout as raw samples read at their "
+                                                      "offsets; others as TFRecords): no inflating per epoch")
     mock: MockSection = Field(default_factory=MockSection)
 
     @field_validator("target_names", "file_target_names")

@@ -169,29 +169,41 @@ def test_staging_copies_this_ranks_share(tmp_path):
     assert set(values) <= originals
 
 
-def test_staging_decompressed_gives_the_network_the_gzip_originals_values(tmp_path):
-    write_tfrecords(tmp_path / "train", make_samples(6, 8), gzip=True)
-    write_tfrecords(tmp_path / "validation", make_samples(4, 9), gzip=True)
+@pytest.mark.parametrize("per_file", [1, 3])
+def test_staging_decompressed_gives_the_network_the_gzip_originals_values(tmp_path, per_file):
+    write_tfrecords(tmp_path / "train", make_samples(6, 8), per_file, gzip=True)
+    write_tfrecords(tmp_path / "validation", make_samples(6, 9), per_file, gzip=True)
     copied, inflated = tmp_path / "stage-copied", tmp_path / "stage-inflated"
-    plain = build_datasets(config(tmp_path, compression="gzip", stage_dir=str(copied)), Distributed())
-    staged = build_datasets(config(tmp_path, compression="gzip", stage_dir=str(inflated), stage_decompress=True),
+    plain = build_datasets(config(tmp_path, compression="gzip", samples_per_file=per_file, stage_dir=str(copied)), Distributed())
+    staged = build_datasets(config(tmp_path, compression="gzip", samples_per_file=per_file, stage_dir=str(inflated), stage_decompress=True),
                             Distributed())
-    # The inflated copies are plain TFRecords holding the originals' records, byte for byte.
+    # MLPerf's layout is staged as raw samples: each record's x bytes, then its y as float32, in file order
+    # (read here from the originals with TensorFlow's own reader and parser).
     for original in sorted((tmp_path / "train").glob("*.tfrecord.gz")):
-        copy = inflated / "rank-0" / original.name.removesuffix(".gz")
-        assert [r.numpy() for r in tf.data.TFRecordDataset(str(copy))] == \
-            [r.numpy() for r in tf.data.TFRecordDataset(str(original), compression_type="GZIP")]
+        copy = inflated / "rank-0" / (original.name.removesuffix(".gz") + ".raw")
+        expected = b""
+        for record in tf.data.TFRecordDataset(str(original), compression_type="GZIP"):
+            feature = tf.train.Example.FromString(record.numpy()).features.feature
+            expected += feature["x"].bytes_list.value[0] + np.asarray(feature["y"].float_list.value, "<f4").tobytes()
+        assert copy.read_bytes() == expected
     manifest = json.loads((inflated / "rank-0" / ".hpc-dl-suite-staged.json").read_text())["files"]
-    assert all(entry["decompressed"] and entry["copy_size"] > entry["size"] for entry in manifest.values())
-    # Every batch of two epochs is the same as from the staged GZIP copies (same order, same values).
-    for epoch in (0, 1):
-        for (x1, y1), (x2, y2) in zip(plain.train_epoch(epoch).take(3), staged.train_epoch(epoch).take(3)):
-            np.testing.assert_array_equal(x1.numpy(), x2.numpy())
-            np.testing.assert_array_equal(y1.numpy(), y2.numpy())
-    # Staged again: reused, not re-inflated; staged copied instead: replaced by copies.
-    before = {p.name: p.stat().st_mtime_ns for p in (inflated / "rank-0").glob("*.tfrecord")}
-    build_datasets(config(tmp_path, compression="gzip", stage_dir=str(inflated), stage_decompress=True), Distributed())
-    assert before == {p.name: p.stat().st_mtime_ns for p in (inflated / "rank-0").glob("*.tfrecord")}
+    assert all(entry["decompressed"] and entry["format"] == "cosmoflow-raw-v1" for entry in manifest.values())
+    # Each epoch gives the network the same samples as the staged GZIP copies (each once; the raw reader
+    # shuffles samples, not files, so the order differs).
+    def epoch(datasets, e):
+        pairs = [(x, y) for xb, yb in datasets.train_epoch(e) for x, y in zip(xb.numpy(), yb.numpy())]
+        return sorted(pairs, key=lambda pair: tuple(pair[1]))
+    assert plain.steps_per_epoch == staged.steps_per_epoch
+    for e in (0, 1):
+        got, want = epoch(staged, e), epoch(plain, e)
+        assert len(got) == len(want) == 6
+        for (x1, y1), (x2, y2) in zip(got, want):
+            np.testing.assert_array_equal(x1, x2)
+            np.testing.assert_array_equal(y1, y2)
+    # Staged again: reused, not rewritten; staged copied instead: replaced by copies.
+    before = {p.name: p.stat().st_mtime_ns for p in (inflated / "rank-0").glob("*.raw")}
+    build_datasets(config(tmp_path, compression="gzip", samples_per_file=per_file, stage_dir=str(inflated), stage_decompress=True), Distributed())
+    assert before == {p.name: p.stat().st_mtime_ns for p in (inflated / "rank-0").glob("*.raw")}
 
 
 def test_a_truncated_gzip_file_is_named_when_staging_inflates_it(tmp_path):
@@ -202,6 +214,22 @@ def test_a_truncated_gzip_file_is_named_when_staging_inflates_it(tmp_path):
     cfg = config(tmp_path, compression="gzip", stage_dir=str(tmp_path / "stage"), stage_decompress=True,
                  on_bad_file="fail")
     with pytest.raises(DataError, match=rf"{victim}: .*(corrupt|truncated)"):
+        build_datasets(cfg, Distributed())
+
+
+def test_a_record_damaged_inside_a_sound_gzip_stream_is_named_when_staged_as_raw_samples(tmp_path):
+    """The GZIP stream is whole (its own CRC is of the damaged bytes) but a record's payload no longer matches
+    its TFRecord checksum: staging names the file and the record instead of writing a wrong sample."""
+    import gzip as gz
+
+    write_tfrecords(tmp_path / "train", make_samples(4, 8), gzip=True)
+    write_tfrecords(tmp_path / "validation", make_samples(2, 9), gzip=True)
+    victim = tmp_path / "train" / "part_0002.tfrecord.gz"
+    inflated = bytearray(gz.decompress(victim.read_bytes()))
+    inflated[100] ^= 0xFF                                  # inside the first record's payload
+    victim.write_bytes(gz.compress(bytes(inflated)))
+    cfg = config(tmp_path, compression="gzip", stage_dir=str(tmp_path / "stage"), stage_decompress=True)
+    with pytest.raises(DataError, match=rf"{victim}: record 0: TFRecord checksum mismatch"):
         build_datasets(cfg, Distributed())
 
 

@@ -197,7 +197,7 @@ def test_bench_input_only_against_the_ceiling_and_staged_inflated(tiny_cosmo_dat
     assert i["bytes_per_sample"] == 16 * 16 * 16 * 4 * 2   # int16 voxels, inflated
     assert staged["ratio_to_gzip_per_core"] == pytest.approx(staged["samples_per_second_per_core"]
                                                              / i["samples_per_second_per_core"])
-    assert len(list((stage / "rank-0").glob("*.tfrecord"))) == 16 and "staged inflated" in result.stdout
+    assert len(list((stage / "rank-0").glob("*.raw"))) == 16 and "staged inflated" in result.stdout   # raw samples
     projection = report["projection"]   # cores per accelerator at the published rate, from each measured rate
     assert projection["cores_from_files"] == pytest.approx(projection["samples_per_second"]
                                                            / i["samples_per_second_per_core"])

@@ -38,7 +38,7 @@ from climate_seg.cam5.data import SPLITS, normalizer, prepare, screened_split, s
 from climate_seg.cam5.stats import class_counts_path, load_stats, read_sample, sample_layout, write_class_counts
 from climate_seg.cam5.synth import generate_dataset
 from common.application import Datasets
-from common.storage.data import (check_split_files, epoch_seed, reading, select_count, shards_files, stage_files,
+from common.storage.data import (check_split_files, epoch_seed, read_at, select_count, shards_files, stage_files,
                                  steps_for)
 from common.storage.derived import writable_derived
 from common.distributed import Distributed
@@ -97,22 +97,6 @@ def raw_readable(files: list[SampleFile]) -> bool:
 
 
 # -- reading ------------------------------------------------------------------------------
-
-def read_at(path: str, offset: int, dtype: str, shape: tuple[int, ...], what: str) -> np.ndarray:
-    """``shape`` values of ``dtype`` stored at byte ``offset`` of ``path``, read straight into a new array
-    (one copy from the page cache; ``readinto`` releases the GIL while it reads)."""
-    out = np.empty(shape, np.dtype(dtype))
-    view, done = memoryview(out).cast("B"), 0
-    with reading(path, what), open(path, "rb", buffering=0) as handle:
-        handle.seek(offset)
-        while done < out.nbytes:
-            n = handle.readinto(view[done:])
-            if not n:
-                raise DataError(f"{path}: truncated: {what} at byte offset {offset} needs {out.nbytes} bytes, "
-                                f"the file holds {done} of them")
-            done += n
-    return out
-
 
 def _read_raw(cfg: ClimateConfig, label_dtype: str, channels_first: bool):
     h, w = cfg.data.grid

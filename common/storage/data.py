@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import json
 import logging
@@ -15,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import google_crc32c
+import numpy as np
 
 import tensorflow as tf
 
@@ -141,6 +143,22 @@ def reading(path, where: str = ""):
         raise DataError(f"{path}{': ' + where if where else ''}: cannot be read ({detail})") from None
 
 
+def read_at(path: str, offset: int, dtype: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``shape`` values of ``dtype`` stored at byte ``offset`` of ``path``, read straight into a new array
+    (one copy from the page cache; ``readinto`` releases the GIL while it reads)."""
+    out = np.empty(shape, np.dtype(dtype))
+    view, done = memoryview(out).cast("B"), 0
+    with reading(path, what), open(path, "rb", buffering=0) as handle:
+        handle.seek(offset)
+        while done < out.nbytes:
+            n = handle.readinto(view[done:])
+            if not n:
+                raise DataError(f"{path}: truncated: {what} at byte offset {offset} needs {out.nbytes} bytes, "
+                                f"the file holds {done} of them")
+            done += n
+    return out
+
+
 def data_error_from_pipeline(exc: Exception) -> DataError | None:
     """The :class:`DataError` a reader raised inside tf.data (numpy_function), if that is what ``exc`` carries."""
     match = re.search(r"DataError: ([^\n]+)", str(exc))
@@ -225,15 +243,29 @@ def gunzip_with_crc32c(source: str, destination) -> int:
                         "or truncated (data.compression is gzip)") from None
 
 
-def staged_name(source: str, decompress: bool) -> str:
-    """The staged copy's name: the source's, less ``.gz`` when it is staged inflated."""
+@dataclasses.dataclass(frozen=True)
+class StagedFormat:
+    """A layout an application stages its files in (read by a reader of its own): ``name`` (recorded in the
+    manifest: a copy staged in another format is staged again), ``suffix`` (added to the staged name) and
+    ``write(source, destination) -> CRC-32C of the bytes written`` (a bad source: a DataError naming it)."""
+
+    name: str
+    suffix: str
+    write: Callable[[str, pathlib.Path], int]
+
+
+def staged_name(source: str, decompress: bool, staged_format: StagedFormat | None = None) -> str:
+    """The staged copy's name: the source's, less ``.gz`` when it is staged inflated, plus the format's suffix."""
     name = pathlib.Path(source).name
-    return name[: -len(".gz")] if decompress and name.endswith(".gz") else name
+    name = name[: -len(".gz")] if (decompress or staged_format) and name.endswith(".gz") else name
+    return name + (staged_format.suffix if staged_format else "")
 
 
-def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress: bool = False) -> list[str]:
+def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress: bool = False,
+                staged_format: StagedFormat | None = None) -> list[str]:
     """Copy this rank's share of ``files`` to ``stage_dir/rank-<r>`` (parallel copies); with ``decompress``,
-    write each GZIP file inflated instead (what a reader then reads without a decompression step).
+    write each GZIP file inflated instead (what a reader then reads without a decompression step); with
+    ``staged_format``, write each in that layout (:class:`StagedFormat`).
 
     Staged files keep a fixed rank assignment (rank r takes files r, r+size,
     ...).  A staged copy is reused only when its source is the same file as
@@ -263,7 +295,7 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress:
             raise DataError(f"{target}: data.stage_dir holds files this suite did not stage ({len(foreign)}: "
                             f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); choose another "
                             "data.stage_dir or empty it")
-    names = [staged_name(source, decompress) for source in mine]
+    names = [staged_name(source, decompress, staged_format) for source in mine]
     if len(set(names)) != len(names):
         raise DataError(f"{stage_dir}: two training files of rank {dist.rank} share a name; staging needs unique names")
     try:
@@ -271,6 +303,8 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress:
     except OSError as exc:
         raise DataError(f"{target}: data.stage_dir cannot be created ({exc.strerror})") from None
     identities = {name: source_identity(source) for name, source in zip(names, mine)}
+    format_name = staged_format.name if staged_format else None
+    write = staged_format.write if staged_format else gunzip_with_crc32c if decompress else copy_with_crc32c
 
     def current(name: str) -> bool:
         entry = staged.get(name)
@@ -279,21 +313,21 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress:
             return False   # not staged, or by a version of the suite that recorded only the source's path
         recorded = {k: entry.get(k) for k in identities[name]}
         return (recorded == identities[name] and bool(entry.get("decompressed")) == decompress
-                and copy.stat().st_size == entry.get("copy_size", entry["size"]))
+                and entry.get("format") == format_name and copy.stat().st_size == entry.get("copy_size", entry["size"]))
 
     fresh = {name for name in names if not current(name)}
     # Listed before copied (a killed copy leaves a listed, unfinished name, which the next run re-copies).
-    staged.update({name: {**identities[name], "decompressed": decompress, "crc32c": None, "copy_size": None}
-                   for name in fresh})
+    staged.update({name: {**identities[name], "decompressed": decompress, "format": format_name, "crc32c": None,
+                          "copy_size": None} for name in fresh})
     write_json(manifest_path, {"files": staged}, "common.storage.data staging", force=True)
 
     def copy(source: str) -> tuple[str, str, int | None]:
-        name = staged_name(source, decompress)
+        name = staged_name(source, decompress, staged_format)
         destination = target / name
         crc = None
         if name in fresh:
             with atomic_path(destination, force=True) as temporary:   # listed in the manifest: ours
-                crc = (gunzip_with_crc32c if decompress else copy_with_crc32c)(source, temporary)
+                crc = write(source, temporary)
         return name, str(destination), crc
 
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(mine)))) as pool:
@@ -303,6 +337,6 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress:
             staged[name].update(crc32c=crc, copy_size=os.stat(path).st_size)
     if fresh:
         write_json(manifest_path, {"files": staged}, "common.storage.data staging", force=True)
-        how = "inflated" if decompress else "copied"
+        how = f"as {format_name}" if format_name else "inflated" if decompress else "copied"
         log.info(f"staged {len(fresh)} of {len(mine)} file(s) to {target} ({how}); {len(mine) - len(fresh)} reused")
     return [path for _, path, _ in done]
