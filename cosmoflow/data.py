@@ -465,6 +465,9 @@ def _raw_samples(cfg: CosmoflowConfig, files: list[str], dist: Distributed, seed
                             "empty data.stage_dir to stage it again")
         paths += [path] * (size // sample_bytes)
         offsets += range(0, size, sample_bytes)
+    if not paths:
+        raise DataError(f"{cfg.data.stage_dir}: rank {dist.rank} has no staged training samples (fewer training "
+                        f"files than the {dist.size} ranks?): stage more files or run fewer ranks")
     order = tf.random.experimental.stateless_shuffle(tf.range(len(paths)), seed=[seed, dist.rank])
     table = tf.data.Dataset.from_tensor_slices((tf.gather(tf.constant(paths), order),
                                                 tf.gather(tf.constant(offsets, tf.int64), order)))

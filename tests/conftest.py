@@ -21,9 +21,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # What the suite computes from a dataset (statistics, class counts, maxima) goes to the derived folder, by
 # default in the user's cache: the tests' go to a folder of this session (children inherit it), removed after.
-DERIVED = pathlib.Path(tempfile.mkdtemp(prefix="hpcdl-test-derived-"))
+# Once per session: this file is imported as ``conftest`` and as ``tests.conftest``.
+if "HPCDL_TEST_SESSION_DERIVED_DIR" not in os.environ:
+    os.environ["HPCDL_TEST_SESSION_DERIVED_DIR"] = tempfile.mkdtemp(prefix="hpcdl-test-derived-")
+    atexit.register(shutil.rmtree, os.environ["HPCDL_TEST_SESSION_DERIVED_DIR"], True)
+DERIVED = pathlib.Path(os.environ["HPCDL_TEST_SESSION_DERIVED_DIR"])
 os.environ["HPCDL_DERIVED_DIR"] = str(DERIVED)
-atexit.register(shutil.rmtree, DERIVED, True)
 
 
 def python_env(extra: dict | None = None) -> dict:
