@@ -33,7 +33,6 @@ if __name__ == "__main__":
                           prog="python -m cosmoflow.data"))
 
 import dataclasses
-import gzip
 import logging
 import math
 import pathlib
@@ -400,42 +399,22 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
 RAW_STAGED = "cosmoflow-raw-v1"
 
 
-def _masked_crc(data: bytes) -> int:
-    """TFRecord's masked CRC-32C of ``data``."""
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def write_raw_samples(source: str, destination, voxels: int, n_targets: int, gzipped: bool) -> int:
     """MLPerf TFRecords (``x`` int16 bytes, ``y`` floats) rewritten as raw samples, each ``x`` as stored then
     ``y`` as little-endian float32, one after another; the CRC-32C of the bytes written.  Every record's
-    framing CRCs and sizes are checked: a bad one is a DataError naming the file and the record."""
-    crc, index = 0, 0
-    try:
-        with (gzip.open(source, "rb") if gzipped else open(source, "rb")) as reader, open(destination, "wb") as out:
-            while header := reader.read(12):
-                length = struct.unpack("<Q", header[:8])[0] if len(header) == 12 else None
-                payload = reader.read(length) if length is not None else b""
-                footer = reader.read(4)
-                where = f"{source}: record {index}"
-                if length is None or len(payload) < length or len(footer) < 4:
-                    raise DataError(f"{where}: truncated TFRecord")
-                if (_masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]
-                        or _masked_crc(payload) != struct.unpack("<I", footer)[0]):
-                    raise DataError(f"{where}: TFRecord checksum mismatch; the file is corrupt")
-                feature = tf.train.Example.FromString(payload).features.feature
-                x = feature["x"].bytes_list.value[0] if "x" in feature and feature["x"].bytes_list.value else b""
-                y = list(feature["y"].float_list.value) if "y" in feature else []
-                if len(x) != 2 * voxels or len(y) != n_targets:
-                    raise DataError(f"{where}: x of {len(x)} bytes and {len(y)} targets, expected {2 * voxels} "
-                                    f"bytes (int16) and {n_targets} (MLPerf layout, data.sample_shape)")
-                sample = x + np.asarray(y, "<f4").tobytes()
-                out.write(sample)
-                crc = google_crc32c.extend(crc, sample)
-                index += 1
-    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:   # the stream, not the disk written to
-        raise DataError(f"{source}: not a complete GZIP stream ({type(exc).__name__}: {exc}); the file is corrupt "
-                        "or truncated (data.compression is gzip)") from None
+    checksums (:func:`read_records`) and sizes are checked: a bad one is a DataError naming the file and record."""
+    crc = 0
+    with open(destination, "wb") as out:
+        for index, payload in enumerate(read_records(source, "gzip" if gzipped else "none")):
+            feature = tf.train.Example.FromString(payload).features.feature
+            x = feature["x"].bytes_list.value[0] if "x" in feature and feature["x"].bytes_list.value else b""
+            y = list(feature["y"].float_list.value) if "y" in feature else []
+            if len(x) != 2 * voxels or len(y) != n_targets:
+                raise DataError(f"{source}: record {index}: x of {len(x)} bytes and {len(y)} targets, expected "
+                                f"{2 * voxels} bytes (int16) and {n_targets} (MLPerf layout, data.sample_shape)")
+            sample = x + np.asarray(y, "<f4").tobytes()
+            out.write(sample)
+            crc = google_crc32c.extend(crc, sample)
     return crc
 
 

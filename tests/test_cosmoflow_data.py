@@ -229,7 +229,7 @@ def test_a_record_damaged_inside_a_sound_gzip_stream_is_named_when_staged_as_raw
     inflated[100] ^= 0xFF                                  # inside the first record's payload
     victim.write_bytes(gz.compress(bytes(inflated)))
     cfg = config(tmp_path, compression="gzip", stage_dir=str(tmp_path / "stage"), stage_decompress=True)
-    with pytest.raises(DataError, match=rf"{victim}: record 0: TFRecord checksum mismatch"):
+    with pytest.raises(DataError, match=rf"{victim}: corrupt TFRecord file \(bad data checksum of record 0\)"):
         build_datasets(cfg, Distributed())
 
 

@@ -61,7 +61,8 @@ def read_records(path: str, compression: str = "none"):
                 yield payload
                 index += 1
     except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"{path}: not a readable {'GZIP ' if compression == 'gzip' else ''}TFRecord file ({exc})") from None
+        raise DataError(f"{path}: not a readable {'GZIP ' if compression == 'gzip' else ''}TFRecord file, corrupt or "
+                        f"truncated ({exc})") from None
 
 
 def first_bad_file(paths, compression: str = "none") -> DataError | None:
