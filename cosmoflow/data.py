@@ -431,11 +431,9 @@ def raw_staged_format(cfg: CosmoflowConfig, layout: Layout) -> StagedFormat | No
         source, destination, voxels, n, gzipped))
 
 
-def _raw_samples(cfg: CosmoflowConfig, files: list[str], dist: Distributed, seed, layout: Layout):
-    """(x int16, y float32, file name, True) per sample of this rank's raw staged copies, shuffled with ``seed``."""
-    shape = tuple(cfg.data.sample_shape)
-    voxels, n = math.prod(shape), len(layout.targets)
-    sample_bytes = 2 * voxels + 4 * n
+def raw_sample_table(cfg: CosmoflowConfig, files: list[str], dist: Distributed, layout: Layout):
+    """(file, byte offset) of every sample in this rank's raw staged copies, once per run (the sizes checked)."""
+    sample_bytes = 2 * math.prod(cfg.data.sample_shape) + 4 * len(layout.targets)
     paths, offsets = [], []
     for path in files:
         size = pathlib.Path(path).stat().st_size
@@ -447,9 +445,17 @@ def _raw_samples(cfg: CosmoflowConfig, files: list[str], dist: Distributed, seed
     if not paths:
         raise DataError(f"{cfg.data.stage_dir}: rank {dist.rank} has no staged training samples (fewer training "
                         f"files than the {dist.size} ranks?): stage more files or run fewer ranks")
-    order = tf.random.experimental.stateless_shuffle(tf.range(len(paths)), seed=[seed, dist.rank])
-    table = tf.data.Dataset.from_tensor_slices((tf.gather(tf.constant(paths), order),
-                                                tf.gather(tf.constant(offsets, tf.int64), order)))
+    return tf.constant(paths), tf.constant(offsets, tf.int64)
+
+
+def _raw_samples(cfg: CosmoflowConfig, table, dist: Distributed, seed, layout: Layout):
+    """(x int16, y float32, file name, True) per sample of :func:`raw_sample_table`, shuffled with ``seed``."""
+    shape = tuple(cfg.data.sample_shape)
+    voxels, n = math.prod(shape), len(layout.targets)
+    sample_bytes = 2 * voxels + 4 * n
+    paths, offsets = table
+    order = tf.random.experimental.stateless_shuffle(tf.range(tf.size(paths)), seed=[seed, dist.rank])
+    samples = tf.data.Dataset.from_tensor_slices((tf.gather(paths, order), tf.gather(offsets, order)))
 
     def load(path, offset):
         sample = read_at(path.decode(), int(offset), "u1", (sample_bytes,), "a staged sample")
@@ -459,7 +465,7 @@ def _raw_samples(cfg: CosmoflowConfig, files: list[str], dist: Distributed, seed
         x, y = tf.numpy_function(load, [path, offset], [tf.int16, tf.float32], stateful=False)
         return tf.reshape(x, shape), tf.ensure_shape(y, [n]), path, tf.constant(True)
 
-    return table.map(read, num_parallel_calls=AUTOTUNE)
+    return samples.map(read, num_parallel_calls=AUTOTUNE)
 
 
 def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed, training: bool,
@@ -612,18 +618,19 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     log.info(f"cosmoflow data: {data.data_dir}: {layout.describe()}; predicting {data.target_names}")
 
     train_compression = data.compression
-    raw = raw_staged_format(cfg, layout) if data.stage_decompress and data.format == "tfrecord" else None
+    raw = raw_staged_format(cfg, layout) if data.stage_decompress else None   # (GZIP TFRecords, by the config)
     if data.stage_dir and data.format == "tfrecord":
         train_files = stage_files(train_files, data.stage_dir, dist, decompress=data.stage_decompress,
                                   staged_format=raw)
         train_compression = "none" if data.stage_decompress else data.compression
+    raw_table = raw_sample_table(cfg, train_files, dist, layout) if raw else None
 
     def train_epoch(epoch):
         # A rank whose share is short of steps x batch (uneven files) reuses a few samples.  The epoch's samples
         # are cut before data.shuffle_buffer, which would otherwise fill from the repeat too (reading samples
         # past the epoch, then discarding them, and mixing them into it).
         seed_e = epoch_seed(seed, epoch)
-        records = (_raw_samples(cfg, train_files, dist, seed_e, layout) if raw else _records(
+        records = (_raw_samples(cfg, raw_table, dist, seed_e, layout) if raw else _records(
             cfg, train_files, train_index, dist, seed_e, True, layout,
             compression="GZIP" if train_compression == "gzip" else "")).repeat(2)
         records = records.take(steps * data.batch_size)
