@@ -56,6 +56,12 @@ def cpu_job(cluster, script, run_dir, data, nodes, ranks_per_node, *extra, sbatc
                   *tiny_cosmo_overrides(data, **overrides), *extra, sbatch=("-N", str(nodes), *sbatch), env=variables)
 
 
+def partition(cluster, state) -> None:
+    """The virtual cluster's one partition (debug) set UP or DOWN (DOWN: jobs queue, none is allocated)."""
+    subprocess.run(["scontrol", "update", "PartitionName=debug", f"State={state}"], env={**os.environ, **cluster},
+                   check=True, capture_output=True, timeout=60)
+
+
 def completed(cluster, job_id, run_dir, timeout=600) -> dict:
     info = finished(cluster, job_id, timeout=timeout)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, read(f"{run_dir}.out"),
@@ -201,6 +207,11 @@ def test_a_node_lost_mid_run_resumes_on_the_nodes_left(virtual_cluster, tiny_cos
         assert job(cluster, job_id)["NodeList"] == "node[1-3]"
         killed = time.time()
         local_slurm(cluster, "kill", "node2")
+        # The partition takes no new allocations until the state between the two attempts has been checked:
+        # the requeued job waits PENDING (Reason PartitionDown) instead of starting again between two polls,
+        # as it once did when it left COMPLETING after its cred_expire wait had already passed (seen in CI:
+        # COMPLETING at 31 s, RUNNING at 57 s, never PENDING).  The running job is not touched by it.
+        partition(cluster, "DOWN")
         # The survivors see no progress, exit 4; the script finds node2 silent and requeues the job without it.
         left_running = wait_for(lambda: job(cluster, job_id).get("JobState") != "RUNNING" and time.time(), 180,
                                 "the job to stop running")
@@ -219,8 +230,7 @@ def test_a_node_lost_mid_run_resumes_on_the_nodes_left(virtual_cluster, tiny_cos
                     or info.get("JobState") in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED")) and info
 
         # The requeued job completes (and then waits, PENDING) only once SLURM has cleared it from node2,
-        # that is once node2 is DOWN (about 20 s after the requeue here). One CI run saw no PENDING within
-        # 120 s of the job leaving RUNNING; what it saw instead was not recorded then, and is now.
+        # that is once node2 is DOWN (about 20 s after the requeue here).
         try:
             pending = wait_for(requeued, 300, "the job to be requeued", seen)
             assert pending["JobState"] == "PENDING", seen
@@ -240,10 +250,12 @@ def test_a_node_lost_mid_run_resumes_on_the_nodes_left(virtual_cluster, tiny_cos
         stopped_at = state["epoch"]
         assert stopped_at >= 1 and state["ranks"] == 3 and state["global_batch_size"] == 12, state
         # Requeued jobs wait cred_expire + 1 s (11 s here); release it now.
+        partition(cluster, "UP")
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env={**os.environ, **cluster},
                        check=True)
         summary = completed(cluster, job_id, run)
     finally:
+        partition(cluster, "UP")
         local_slurm(cluster, "up", "--nodes", "3", timeout=300)   # node2 back for the other tests
     second = read(run / "train.restart-1.log")
     assert f"ckpt-epoch-{stopped_at:05d}" in second and "data.batch_size 4 -> 6 per rank keeps the global batch 12" \
