@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from common.storage import checkpoint
-from conftest import REPO, final_weights, finished, job, live_processes, read, submit, tiny_cosmo_overrides, wait_for
+from conftest import (REPO, final_weights, finished, job, live_processes, python_env, read, submit,
+                      tiny_cosmo_overrides, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm]
 
@@ -279,7 +280,7 @@ def test_a_node_lost_mid_run_resumes_on_the_nodes_left(virtual_cluster, tiny_cos
 
 
 
-# --- Measuring the system for the scaling model (#27; the model-vs-measurement comparison is not yet a test) ---
+# --- The scaling model against measurement (#27): the system measured, then a prediction tested against runs ---
 
 # Open MPI for a slow TCP link: its ring allreduce (its fixed rules picked an algorithm that took 2.05x the
 # 2-rank time at 3 ranks on these links), and messages up to 4 MiB sent eagerly (with the default 64 KiB
@@ -354,3 +355,74 @@ def test_sysbench_measures_shaped_links_under_a_cpu_quota(virtual_cluster, tiny_
     row = scaling.project(work, system, 3)
     assert row["allreduce_s"] == pytest.approx(three[gradient_bytes], rel=1e-12)
     assert row["compute_s"] == system.step_without_gradients_s[3] and row["stragglers_s"] == 0.0
+
+
+# The trainings the scaling test times: one rank per node, one thread each, the CosmoFlow demo network at 16^3
+# with 32 base filters (124,852 parameters: 0.5 MiB of gradients, 0.4 s of a 10 Mbit/s link for a 2-rank ring).
+SCALING_NETWORK = ["--set", "model.base_filters=32", "--set", "train.throughput_warmup_steps=1",
+                   "--set", "train.intra_op_threads=1", "--set", "train.inter_op_threads=1",
+                   "--set", "mlperf.enabled=false"]
+
+
+def step_of(run_dir) -> float:
+    """The median step time (s) of a finished run's steady steps."""
+    return json.loads((run_dir / "summary.json").read_text())["step_time_s"]["median"]
+
+
+@pytest.mark.skipif(os.environ.get("HPCDL_SCALING_TEST") != "1",
+                    reason="opt in with HPCDL_SCALING_TEST=1 (6 min): 2 of its 5 runs so far had a point beyond 15 % "
+                           "(1 node -15 %, 3 nodes -22 %): the run-to-run spread (docs/clusters.md, #27)")
+def test_scaling_model_predicts_the_virtual_cluster(virtual_cluster, tmp_path):
+    """#27, the scaling model as a model: measure the inputs, predict, then run.  On the 3 nodes at 50 % of a
+    core each and 10 Mbit/s links (communication most of a step), common.tools.sysbench measures the system
+    as a job, common.tools.scaling predicts the step of 1, 2 and 3 nodes from that file alone, and only then
+    do the trainings run, on 1, 2 and 3 nodes, in one allocation.  The medians of their
+    steady steps agree with the predictions within 15 % at every node count."""
+    from cosmoflow.config import MockSection   # deferred: the generator, only here
+    from cosmoflow.mock import generate_dataset
+
+    cluster = virtual_cluster
+    data = tmp_path / "data"   # 96 volumes: 24 steps of 4 per epoch on one node, 8 on three
+    generate_dataset(data, 96, 16, 16, MockSection(box_size_mpc_h=128.0, seed=7), progress=False)
+    settings = tiny_cosmo_overrides(data, epochs=3) + SCALING_NETWORK
+    config = "configs/cosmoflow/demo.yaml"
+    system_file = tmp_path / "virtual.yaml"
+    local_slurm(cluster, "limit", "--cpu-percent", "50", "--link-rate", "10mbit")
+    try:
+        wrapped_job(cluster, 3, tmp_path / "sysbench.out", sys.executable, "-m", "common.tools.sysbench",
+                    "--config", config, *settings, "--out", str(system_file), "--repeats", "5")
+        predicted = subprocess.run([sys.executable, "-m", "common.tools.scaling", "--config", config, *settings,
+                                    "--system", str(system_file), "--nodes", "1,2,3", "--json"],
+                                   cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
+        assert predicted.returncode == 0, predicted.stderr
+        rows = {row["nodes"]: row for row in json.loads(predicted.stdout)}
+        prediction = {n: row["step_time_s"] for n, row in rows.items()}
+        # The regime the test is about: on 2 and 3 nodes the gradients' allreduce is most of the step.
+        assert all(rows[n]["exposed_allreduce_s"] > rows[n]["compute_s"] for n in (2, 3)), rows
+        runs = {n: tmp_path / f"run-{n}" for n in (1, 2, 3)}
+
+        def train(n, nodes):
+            command = ["srun", f"-N{n}", f"-n{n}", f"--nodelist={nodes}", "--mpi=pmix", sys.executable, "-m",
+                       "cosmoflow.train", "--config", config, *settings, "--output-dir", str(runs[n])]
+            return " ".join(shlex.quote(part) for part in command)
+
+        script = tmp_path / "trainings.sh"
+        # One after the other: a one-node run beside a job of busy-polling ranks ran 8-15 % slower than alone.
+        script.write_text("#!/bin/bash\nset -e\n" + "".join(f"{train(n, f'node[1-{n}]')}\n" for n in (1, 2, 3)))
+        out = tmp_path / "trainings.out"
+        result = subprocess.run(["sbatch", "--parsable", f"--output={out}", "-N", "3", "--ntasks-per-node=1",
+                                 f"--chdir={REPO}", str(script)], env={**os.environ, **cluster, **MPI_FOR_SLOW_LINKS},
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        info = finished(cluster, int(result.stdout.strip().split(";")[0]), timeout=900)
+        assert info["JobState"] == "COMPLETED", (info, read(out)[-3000:])
+    finally:
+        local_slurm(cluster, "limit", "--cpu-percent", "off", "--link-rate", "off")
+    for n in (1, 2, 3):
+        summary = json.loads((runs[n] / "summary.json").read_text())
+        assert summary["ranks"] == n and summary["parameters"] == 124852 and summary["step_time_s"]["steps"] >= 14
+    points = [{"nodes": n, "predicted_step_s": round(prediction[n], 4), "measured_step_s": round(step_of(runs[n]), 4)}
+              for n in (1, 2, 3)]
+    print(json.dumps({"points": points}))
+    for point in points:
+        assert abs(point["predicted_step_s"] / point["measured_step_s"] - 1) <= 0.15, points
