@@ -291,16 +291,22 @@ MPI_FOR_SLOW_LINKS = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_co
                       "OMPI_MCA_btl_tcp_max_send_size": "4194304"}
 
 
-def wrapped_job(cluster, nodes, out, *command, timeout=420) -> None:
-    """``srun --mpi=pmix COMMAND`` on ``nodes`` nodes, one rank each, as a batch job; it must complete."""
-    line = " ".join(shlex.quote(part) for part in ["srun", "--mpi=pmix", *command])
+def batch_job(cluster, nodes, out, *job, timeout=420) -> None:
+    """``sbatch JOB`` (a script, or ``--wrap LINE``) on ``nodes`` nodes, one task each, with the Open MPI settings
+    above; it must complete."""
     result = subprocess.run(["sbatch", "--parsable", f"--output={out}", "-N", str(nodes), "--ntasks-per-node=1",
-                             f"--chdir={REPO}", "--wrap", line],
+                             f"--chdir={REPO}", *job],
                             env={**os.environ, **cluster, **MPI_FOR_SLOW_LINKS}, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
     info = finished(cluster, int(result.stdout.strip().split(";")[0]), timeout=timeout)
     assert info["JobState"] == "COMPLETED", (info, read(out)[-3000:])
+
+
+def wrapped_job(cluster, nodes, out, *command, timeout=420) -> None:
+    """``srun --mpi=pmix COMMAND`` on ``nodes`` nodes, one rank each, as a batch job; it must complete."""
+    line = " ".join(shlex.quote(part) for part in ["srun", "--mpi=pmix", *command])
+    batch_job(cluster, nodes, out, "--wrap", line, timeout=timeout)
 
 
 def test_sysbench_measures_shaped_links_under_a_cpu_quota(virtual_cluster, tiny_cosmo_data, tmp_path):
@@ -404,13 +410,7 @@ def test_scaling_model_predicts_the_virtual_cluster(virtual_cluster, tmp_path):
         script = tmp_path / "trainings.sh"
         # One after the other, each run alone on its nodes, as the prediction assumes.
         script.write_text("#!/bin/bash\nset -e\n" + "".join(f"{train(n, f'node[1-{n}]')}\n" for n in (1, 2, 3)))
-        out = tmp_path / "trainings.out"
-        result = subprocess.run(["sbatch", "--parsable", f"--output={out}", "-N", "3", "--ntasks-per-node=1",
-                                 f"--chdir={REPO}", str(script)], env={**os.environ, **cluster, **MPI_FOR_SLOW_LINKS},
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        info = finished(cluster, int(result.stdout.strip().split(";")[0]), timeout=900)
-        assert info["JobState"] == "COMPLETED", (info, read(out)[-3000:])
+        batch_job(cluster, 3, tmp_path / "trainings.out", str(script), timeout=900)
     finally:
         local_slurm(cluster, "limit", "--cpu-percent", "off", "--link-rate", "off")
     points = []
