@@ -47,6 +47,16 @@ def launched_world_size() -> int:
     return 1
 
 
+def single_process_environment(environ=None) -> dict[str, str]:
+    """``environ`` (default: this process's) without what a launcher tells its ranks about their world (rank,
+    size, the PMI/PMIx and Horovod variables), so that a child process started by one rank runs as a run of one
+    process (:mod:`common.tools.sysbench` times a one-node run so)."""
+    environ = dict(os.environ if environ is None else environ)
+    launcher = ("HOROVOD_", "OMPI_COMM_WORLD_", "PMI_", "PMIX_", "MPI_LOCAL")
+    return {k: v for k, v in environ.items()
+            if not k.startswith(launcher) and k not in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS")}
+
+
 def _local_size_hint() -> int:
     for name in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
         value = os.environ.get(name, "").split("(")[0]
@@ -133,6 +143,10 @@ class Distributed:
     def world_allgather_object(self, obj) -> list:
         """A picklable Python object from every rank of the job, as a list indexed by world rank."""
         return [obj]
+
+    def shutdown(self) -> None:
+        """End this process's part in the job (every rank calls it, after its last collective): Horovod's
+        background loop stops, and no collective works afterwards."""
 
     def prefix_job(self, participants: int, reduce_gradients: bool = True) -> "Distributed | None":
         """The first ``participants`` ranks as a job of their own (every collective among them only), or None on
@@ -273,6 +287,11 @@ class HorovodDistributed(Distributed):
 
     def world_allgather_object(self, obj) -> list:
         return self._hvd.allgather_object(obj, name="world_allgather_object")
+
+    def shutdown(self) -> None:
+        global _CURRENT
+        self._hvd.shutdown()
+        _CURRENT = None
 
     def prefix_job(self, participants: int, reduce_gradients: bool = True) -> "Distributed | None":
         if participants > self.world_size or self.instances > 1 or self.groups > 1 or (

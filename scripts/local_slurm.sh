@@ -18,7 +18,7 @@
 #   scripts/local_slurm.sh limit [--cpu-percent P|off] [--link-rate RATE|off]
 #                                   # on a running cluster of several nodes: each node's CPU quota (cgroup v1,
 #                                   # P % of one core, for every process on it, its jobs included) and the rate
-#                                   # of its link, both directions (tc tbf on both ends, RATE as tc writes it:
+#                                   # of its link, both directions (tc htb on both ends, RATE as tc writes it:
 #                                   # 40mbit, 1gbit); kept for a node that `up` restarts; `status` shows them
 #
 # Environment: LOCAL_SLURM_DIR (the cluster's folder: created if absent; an existing one must be a real
@@ -525,8 +525,35 @@ set_cpu_quota() {
     done
 }
 
-# Node K's link at RATE in both directions: a token bucket on the bridge's end (traffic to the node) and
-# on the node's end (traffic from it); `off` removes both.
+# Node K's link at RATE in both directions, on the bridge's end (traffic to the node) and on the node's end
+# (traffic from it): an htb class of RATE whose data waits in a byte FIFO of 400 ms at RATE (bursts queue, not
+# drop), and within the same RATE a class served first for packets under 128 bytes (TCP acknowledgements,
+# small control messages).  With one FIFO (a tbf) the acknowledgements of one direction of a TCP connection
+# waited up to 400 ms behind the other direction's data: senders resent and probed for loss, and a 2-rank
+# allreduce of 0.5 MB at 10mbit took 0.42-0.63 s (wire time 0.40 s); with them served first, 0.39-0.47 s
+# (#27, docs/clusters.md).  `off` removes both.
+shape_link() {
+    local rate=$1 ns=$2 dev=$3 bytes_per_s queue_bytes   # ns: the device's network namespace, or '' for the host's
+    local -a in_ns=()
+    if [ -n "$ns" ]; then in_ns=(-n "$ns"); fi
+    # The link's bytes per second, from RATE as tc writes it; the small packets' share is a tenth of the rate
+    # (they may borrow the rest first), the data's nine tenths (it borrows what they leave).
+    read -r bytes_per_s queue_bytes <<<"$(awk -v r="$rate" 'BEGIN {
+        n = r + 0; u = substr(r, length(n "") + 1)
+        scale["bit"] = 1 / 8; scale["kbit"] = 1e3 / 8; scale["mbit"] = 1e6 / 8; scale["gbit"] = 1e9 / 8
+        scale["bps"] = 1; scale["kbps"] = 1e3; scale["mbps"] = 1e6; scale["gbps"] = 1e9
+        b = n * scale[u]; q = int(b * 0.4); if (q < 16384) q = 16384; printf "%d %d\n", b, q }')"
+    tc "${in_ns[@]}" qdisc add dev "$dev" root handle 1: htb default 20
+    tc "${in_ns[@]}" class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" burst 4k cburst 4k
+    tc "${in_ns[@]}" class add dev "$dev" parent 1:1 classid 1:10 htb rate "$((bytes_per_s / 10))bps" \
+        ceil "$rate" burst 4k cburst 4k prio 0
+    tc "${in_ns[@]}" class add dev "$dev" parent 1:1 classid 1:20 htb rate "$((bytes_per_s - bytes_per_s / 10))bps" \
+        ceil "$rate" burst 4k cburst 4k prio 1
+    tc "${in_ns[@]}" qdisc add dev "$dev" parent 1:20 handle 20: bfifo limit "$queue_bytes"
+    # IPv4 packets of a total length under 128 bytes: to the first class.
+    tc "${in_ns[@]}" filter add dev "$dev" parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff80 at 2 flowid 1:10
+}
+
 set_link_rate() {
     local node=$1 rate=$2 ns veth
     ns=$(netns_of "$node")
@@ -534,8 +561,8 @@ set_link_rate() {
     tc qdisc del dev "$veth" root 2>/dev/null || true
     tc -n "$ns" qdisc del dev "$NODE_IF" root 2>/dev/null || true
     if [ "$rate" != off ]; then
-        tc qdisc add dev "$veth" root tbf rate "$rate" burst 32kbit latency 400ms
-        tc -n "$ns" qdisc add dev "$NODE_IF" root tbf rate "$rate" burst 32kbit latency 400ms
+        shape_link "$rate" '' "$veth"
+        shape_link "$rate" "$ns" "$NODE_IF"
     fi
 }
 

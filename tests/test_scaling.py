@@ -163,3 +163,29 @@ def test_measured_steps_without_gradients_stand_for_compute_small_collectives_an
     ring = 2 * 7 * 1e-3 + 2 * 7 / 8 * gradient_bytes / 1e7 + 2 * 3 * 1e-3   # + negotiation: 2 ceil(log2 8) rounds
     tree = 2 * 3 * 1e-3 + 2 * 7 / 8 * gradient_bytes / 1e7 + 2 * 3 * 1e-3
     assert eight["allreduce_s"] == pytest.approx(min(ring, tree), rel=1e-12)
+
+
+def test_sysbench_alone_times_one_process_and_refuses_ranks_of_a_job(tiny_cosmo_data):
+    """`sysbench --alone`, what a sysbench job runs last on its first node for the one-node rate: the trainer as
+    a run of one process, its figures as a JSON line; started with a launcher's world around it, it refuses.
+    The job starts it with the launcher's variables removed (rank, size, PMI/PMIx, Horovod), the rest kept."""
+    from common.distributed import launched_world_size, single_process_environment
+    from tests.conftest import last_json_line, tiny_cosmo_overrides
+
+    launched = {"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "7", "OMPI_COMM_WORLD_SIZE": "3",
+                "OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0", "PMI_SIZE": "3", "HOROVOD_SIZE": "3",
+                "HOROVOD_RANK": "0", "OMPI_MCA_btl_tcp_eager_limit": "4194304", "PATH": "/usr/bin"}
+    alone = single_process_environment(launched)
+    assert alone == {"SLURM_NTASKS": "3", "SLURM_JOB_ID": "7", "OMPI_MCA_btl_tcp_eager_limit": "4194304",
+                     "PATH": "/usr/bin"}
+    command = ["-m", "common.tools.sysbench", "--config", "configs/cosmoflow/demo.yaml",
+               *tiny_cosmo_overrides(tiny_cosmo_data), "--set", "train.throughput_warmup_steps=1",
+               "--set", "train.intra_op_threads=1", "--set", "mlperf.enabled=false", "--alone"]
+    refused = run_python(command, check=False, env={"OMPI_COMM_WORLD_SIZE": "3"})
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == ("error: common.tools.sysbench --alone: run it as one process, "
+                                                        "not as ranks of a job")
+    figures = last_json_line(run_python(command).stdout)
+    # 32 training volumes in batches of 4, 2 epochs, less the one warm-up step.
+    assert figures["steps"] == 7 and figures["batch_size"] == 4, figures
+    assert figures["median_step_s"] > 0 and figures["gradient_bytes"] > 0 and figures["gradient_bytes"] % 4 == 0

@@ -2,19 +2,20 @@
 
     srun -N 3 --ntasks-per-node=1 python -m common.tools.sysbench --config C [--set k=v] --out SYSTEM.yaml
                                   [--name NAME] [--description TEXT] [--repeats 9]
+    python -m common.tools.sysbench --config C [--set k=v] --alone      # the one-rank step only, as JSON
 
 One rank per node, on two nodes or more.  Four measurements, written (by rank 0) as a system file in the
 schema of ``configs/systems/*.yaml`` (:class:`common.tools.scaling.System`), each figure with the
 measurement as its source, for ``python -m common.tools.scaling --config C --system SYSTEM.yaml``:
 
-1. compute: every rank runs the trainer alone on the config (one rank: its loop, callbacks, input pipeline,
-   nothing reduced), all nodes at once, before Horovod starts (as a one-node run, which starts no Horovod:
-   ``measured_samples_per_second_one_node``); then the trainer as a job of the first p nodes, p = 2..N, with
-   every collective of its step but the gradient allreduce (``step_without_gradients_s``): a rank's compute
-   as it runs in a job, where Horovod's loop polls (under a CPU quota it takes a large share), the
-   step-signals allreduce holds the ranks in lock-step and every step waits for the slowest of them.  The
-   median over ranks of the median step time of the steady epochs is kept; the N-node one gives
-   ``measured_samples_per_second``, its ranks' relative standard deviation the ``step_jitter_fraction``;
+1. compute: the trainer as a job of the first p nodes, p = 2..N, with every collective of its step but the
+   gradient allreduce (``step_without_gradients_s``): a rank's compute as it runs in a job, where Horovod's
+   loop polls (under a CPU quota it takes a large share), the step-signals allreduce holds the ranks in
+   lock-step and every step waits for the slowest of them.  The median over ranks of the median step time of
+   the steady epochs is kept; the N-node one gives ``measured_samples_per_second``, its ranks' relative
+   standard deviation the ``step_jitter_fraction``.  Last, after Horovod has shut down on every node, the
+   first node runs the trainer as a one-rank run in a fresh process, the other nodes idle: a one-node run as
+   it trains (no Horovod, the cluster otherwise quiet), ``measured_samples_per_second_one_node``;
 2. point to point, ranks 0 and 1 over TCP (the links themselves, no MPI): latency (half the median round
    trip of one byte) and bandwidth (4 MiB sent one way, timed to the receiver's acknowledgement);
 3. allreduce: Horovod sum-allreduces of float32 buffers from 4 KiB to the config's gradient size over the
@@ -35,6 +36,8 @@ import pathlib
 import shutil
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -92,6 +95,21 @@ def measure_jobs_without_gradients(application, cfg, dist) -> dict[int, list[dic
         mine = measure_compute(application, cfg, job) if job is not None else None
         out[participants] = [m for m in dist.world_allgather_object(mine) if m is not None]
     return out
+
+
+def measure_one_node_run(args, environment: dict[str, str]) -> dict:
+    """The trainer as a one-node run trains: a fresh process of one rank (``--alone``, with ``environment``: no
+    launcher variables, so no Horovod), its figures (:func:`measure_compute`) read from its last line; its
+    messages pass through to this process's."""
+    command = [sys.executable, "-m", "common.tools.sysbench", "--config", args.config, "--alone",
+               *[part for override in args.set for part in ("--set", override)],
+               *(["--app", args.app] if args.app else [])]
+    result = subprocess.run(command, env=environment, stdout=subprocess.PIPE, text=True, check=False)
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise ConfigError(f"common.tools.sysbench: the one-node run ({' '.join(command[1:4])} ... --alone) "
+                          f"failed with exit code {result.returncode}; its messages are above")
+    return json.loads(lines[-1])
 
 
 def _serve(listener: socket.socket) -> None:
@@ -205,7 +223,7 @@ def algorithm_note() -> tuple[str, str]:
     return "auto", "the MPI library's own choice (the model takes the cheaper of ring and tree)"
 
 
-def system_document(name: str, description: str, nodes: int, in_jobs: dict[int, list[dict]], alone: list[dict],
+def system_document(name: str, description: str, nodes: int, in_jobs: dict[int, list[dict]], alone: dict,
                     p2p: dict, rows: list[dict], fit: tuple[float, float, float], storage: dict, cpu: dict,
                     config: str, algorithm: tuple[str, str] = ("auto", "")) -> dict:
     """The system file: figures, sources, and the raw measurement under ``measured``."""
@@ -214,8 +232,7 @@ def system_document(name: str, description: str, nodes: int, in_jobs: dict[int, 
     compute = in_jobs[nodes]
     medians = [c["median_step_s"] for c in compute]
     step = without_gradients[nodes]
-    alone_medians = [c["median_step_s"] for c in alone]
-    alone_step = statistics.median(alone_medians)
+    alone_step = alone["median_step_s"]
     batch = compute[0]["batch_size"]
     jitter = statistics.median(c["relative_std"] for c in compute)
     sustained = 0.5   # unused when the measured rate is given; required by the schema
@@ -248,10 +265,10 @@ def system_document(name: str, description: str, nodes: int, in_jobs: dict[int, 
             "measured_samples_per_second": f"the local batch over that step on all {nodes} nodes, {step:.4f} s "
                                            f"(per-rank medians {', '.join(f'{m:.4f}' for m in medians)}, "
                                            f"{compute[0]['steps']} steps each)",
-            "measured_samples_per_second_one_node": f"the trainer as a one-rank run on every node at once, before "
-                                                    f"Horovod started (a one-node run starts none): median "
-                                                    f"{alone_step:.4f} s (per rank "
-                                                    f"{', '.join(f'{m:.4f}' for m in alone_medians)})",
+            "measured_samples_per_second_one_node": f"the trainer as a one-rank run (no Horovod) in a fresh "
+                                                    f"process on the first node, the other nodes idle, after "
+                                                    f"every other measurement: median step {alone_step:.4f} s "
+                                                    f"({alone['steps']} steps)",
             "step_jitter_fraction": f"median over the {nodes} ranks of the relative standard deviation of their step "
                                     f"times in that job",
             "allreduce_s": "the allreduce times below, measured: the model interpolates in them for the rank "
@@ -267,7 +284,7 @@ def system_document(name: str, description: str, nodes: int, in_jobs: dict[int, 
             "peak_tflops_per_rank": "not measured: projections from this file use measured_samples_per_second",
         },
         "measured": {"jobs_without_gradients": in_jobs,
-                     "compute_before_horovod": alone, "point_to_point": p2p, "allreduce": rows,
+                     "one_node_run": alone, "point_to_point": p2p, "allreduce": rows,
                      "storage": storage, "cpu": cpu},
     }
 
@@ -277,14 +294,19 @@ def main(argv=None) -> int:
     parser.add_argument("--config", required=True, help="the app config whose step the compute rate is of")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--app")
-    parser.add_argument("--out", required=True, help="the system file to write (a new file, or one this suite wrote)")
+    parser.add_argument("--out", help="the system file to write (a new file, or one this suite wrote)")
     parser.add_argument("--force", action="store_true", help="replace an --out file this suite did not write")
     parser.add_argument("--name", default="measured")
     parser.add_argument("--description", default="")
     parser.add_argument("--repeats", type=int, default=ALLREDUCE_REPEATS, help="allreduces timed per size")
+    parser.add_argument("--alone", action="store_true",
+                        help="only time the trainer as a run of this one process, and print its figures as JSON "
+                             "(what the job does last, on its first node)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats: at least 1")
+    if not args.alone and not args.out:
+        parser.error("--out is required (unless --alone)")
     with exit_on_user_error():
         # deferred: TensorFlow and Horovod, after the arguments are parsed
         from common import distributed
@@ -292,25 +314,33 @@ def main(argv=None) -> int:
 
         application = find_application(args.config, args.app)
         cfg = load_config(application.config_schema, args.config, args.set)
+        if args.alone:
+            if distributed.launched_world_size() > 1:
+                raise ConfigError("common.tools.sysbench --alone: run it as one process, not as ranks of a job")
+            distributed.configure_threads(cfg.train.intra_op_threads, cfg.train.inter_op_threads, 1)
+            print(json.dumps(measure_compute(application, cfg)), flush=True)
+            return 0
         if distributed.launched_world_size() < 2:
             raise ConfigError("common.tools.sysbench: run one rank per node on 2 nodes or more (srun -N N "
                               "--ntasks-per-node=1); this process was launched alone")
         outputs.check_replaceable(args.out, args.force)
         outputs.check_writable_folder(pathlib.Path(args.out).resolve().parent, "the folder of --out")
-        # The step alone before Horovod starts, as a one-node run trains (it starts no Horovod); then in jobs
-        # of 2..N ranks without the gradient allreduce.  Under a CPU quota Horovod's loop takes a large share
-        # (measured 1.7-2x at 50% of a core on the virtual cluster), so a rank alone with Horovod idle is no
-        # measure of its compute in a job.
-        distributed.configure_threads(cfg.train.intra_op_threads, cfg.train.inter_op_threads, 1)
-        mine = measure_compute(application, cfg)
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads, prefix_sets=True)
         if dist.local_size != 1:
             raise ConfigError(f"common.tools.sysbench: run one rank per node ({dist.local_size} ranks on this node)")
-        alone = dist.world_allgather_object(mine)
+        # Compute as it runs in jobs of 2..N ranks without the gradient allreduce: under a CPU quota Horovod's
+        # loop takes a large share (measured 1.7-2x at 50% of a core on the virtual cluster), so a rank alone
+        # is no measure of its compute in a job.
         in_jobs = measure_jobs_without_gradients(application, cfg, dist)
         p2p = measure_point_to_point(dist)
-        rows = measure_allreduce(dist, allreduce_sizes(alone[0]["gradient_bytes"]), args.repeats)
+        rows = measure_allreduce(dist, allreduce_sizes(in_jobs[2][0]["gradient_bytes"]), args.repeats)
+        # Last, the one-node run, as one trains: Horovod stopped on every node (its loop polls), one fresh
+        # process on the first node.  Measured first, before Horovod on every node at once, it ran 8-15 %
+        # faster than the one-node trainings that followed (#27: what is measured first runs fastest here).
+        dist.world_barrier()
+        dist.shutdown()
         if dist.is_root:
+            alone = measure_one_node_run(args, distributed.single_process_environment())
             files = sorted(str(f) for f in pathlib.Path(cfg.data.data_dir).rglob("*") if f.is_file())
             document = system_document(args.name, args.description, dist.world_size, in_jobs, alone, p2p, rows,
                                        fit_network(rows), measure_storage(files), cpu.describe(), args.config,
@@ -323,7 +353,6 @@ def main(argv=None) -> int:
                                   document["measured_samples_per_second_one_node"],
                               "step_jitter_fraction": document["step_jitter_fraction"],
                               "point_to_point": p2p, "allreduce": rows}), flush=True)
-        dist.world_barrier()
     return 0
 
 
