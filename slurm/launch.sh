@@ -103,9 +103,11 @@ if [ "$status" -eq "$PREEMPTED" ]; then
     exit 0
 fi
 # Exit 4: a rank saw no progress for train.hang_timeout_s, as when a node dies under the job.  If SLURM
-# reports one of the job's nodes as not responding (or down) within LOST_NODE_WAIT_S, the job is requeued
-# without it and resumes from its last checkpoint on the nodes left (submit with -N <fewer>-<nodes> to
-# allow that; the global batch is kept).  Otherwise the hang was not a lost node: exit 4.
+# reports one of the job's nodes as not responding (or down) within LOST_NODE_WAIT_S, the job is requeued and
+# resumes from its last checkpoint on the nodes left (submit with -N <fewer>-<nodes> to allow that; the global
+# batch is kept): SLURM places no job on a node that does not respond.  (The node cannot be added to the job's
+# excluded nodes: SLURM refuses that while the job runs, and a requeue ends this script at once.)  Otherwise
+# the hang was not a lost node: exit 4.
 if [ "$status" -eq "$HUNG" ] && [ -n "${SLURM_JOB_NODELIST:-}" ]; then
     lost=
     for _ in $(seq "${LOST_NODE_WAIT_S:-60}"); do
@@ -117,11 +119,7 @@ if [ "$status" -eq "$HUNG" ] && [ -n "${SLURM_JOB_NODELIST:-}" ]; then
     if [ -n "$lost" ]; then
         if scontrol requeue "$JOB" 2>/dev/null; then
             echo "launch: a rank stopped making progress and node(s) $lost no longer respond; requeued job $JOB" \
-                 "without them (it resumes from $RUN_DIR on the nodes left)"
-            for _ in $(seq 30); do   # a pending job's excluded nodes can be set once the requeue has gone through
-                scontrol update JobId="$JOB" ExcNodeList="$lost" 2>/dev/null && break
-                sleep 1
-            done
+                 "(it resumes from $RUN_DIR on responding nodes; SLURM places no job on a silent one)"
             exit 0
         fi
         restarts=$(scontrol show job "$JOB" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
