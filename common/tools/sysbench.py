@@ -107,8 +107,8 @@ def measure_one_node_run(args, environment: dict[str, str]) -> dict:
     result = subprocess.run(command, env=environment, stdout=subprocess.PIPE, text=True, check=False)
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
-        raise ConfigError(f"common.tools.sysbench: the one-node run ({' '.join(command[1:4])} ... --alone) "
-                          f"failed with exit code {result.returncode}; its messages are above")
+        raise ConfigError(f"common.tools.sysbench: the one-node run (--config {args.config} --alone, a process of "
+                          f"its own) failed with exit code {result.returncode}; its messages are above")
     return json.loads(lines[-1])
 
 
