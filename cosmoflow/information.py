@@ -21,21 +21,32 @@ Two estimates, for a config's volumes:
   reader takes), ridge regression fitted on train/ and scored on
   validation/.  What a two-point statistic gets from exactly the data the
   network sees: a network that does worse has not learned what the data
-  holds.
+  holds.  ``--features power+pdf`` adds one-point statistics (the
+  counts-in-cells distribution and the skewness and kurtosis of the density
+  at three cell sizes, :func:`one_point_features`): if the same regression
+  does better with them, the volumes hold information beyond P(k).
+- **Learning curves** (``--train-sizes 256,512,1024``): the regression on
+  nested training sets, each size fitted on the first n files (the ones
+  ``data.n_train=n`` gives the network) and on ``--repeats`` - 1 random draws
+  more, scored on the whole validation split: mean and spread per size.
 
     python -m cosmoflow.information --config configs/cosmoflow/science.yaml [--json out.json]
+    python -m cosmoflow.information --config configs/cosmoflow/science.yaml --bins 12 \
+        --features power+pdf --train-sizes 256,512,1024,2048 --json curve.json
     python -m cosmoflow.information --config configs/cosmoflow/demo.yaml --fisher-only --known Omega_m
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 
 import numpy as np
 
 from common.cli import exit_on_user_error
 from common.config import load_config
+from common.errors import ConfigError
 from common.storage.outputs import write_json
 from cosmoflow.config import CosmoflowConfig, TARGET_NAMES
 from cosmoflow.mock import cosmology_for, ensure_mock_data, measure_power_spectrum, parameter_ranges, wavenumbers
@@ -135,16 +146,48 @@ def spectrum_features(volume: np.ndarray, box_size: float, n_bins: int = 8) -> n
     return np.concatenate(features)
 
 
-def split_features(cfg, split: str, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Power-spectrum features and targets of every sample of a split (read raw, not through the pipeline)."""
+# Counts-in-cells bins, in units of the mean count per cell: empty cells, then voids to clusters.
+PDF_EDGES = (0.0, 1e-9, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, np.inf)
+MOMENT_CELLS = (1, 2, 4)   # cell sizes, in voxels per side, for the skewness and kurtosis
+
+
+def one_point_features(volume: np.ndarray) -> np.ndarray:
+    """Per channel: the fraction of voxels in each :data:`PDF_EDGES` bin of counts / mean, and the skewness
+    and excess kurtosis of the overdensity in cells of 1, 2 and 4 voxels per side (sums of counts): what a
+    Gaussian field's two-point function does not fix."""
+    features = []
+    for channel in range(volume.shape[-1]):
+        counts = np.asarray(volume[..., channel], np.float64)
+        mean = max(counts.mean(), 1e-12)
+        histogram, _ = np.histogram(counts / mean, bins=PDF_EDGES)
+        features.extend(histogram / counts.size)
+        n = counts.shape[0]
+        for cell in MOMENT_CELLS:
+            m = n // cell
+            summed = counts[:m * cell, :m * cell, :m * cell].reshape(m, cell, m, cell, m, cell).sum(axis=(1, 3, 5))
+            delta = summed / max(summed.mean(), 1e-12) - 1.0
+            variance = max(np.mean(delta ** 2), 1e-30)
+            features.append(np.mean(delta ** 3) / variance ** 1.5)
+            features.append(np.mean(delta ** 4) / variance ** 2 - 3.0)
+    return np.array(features)
+
+
+FEATURE_SETS = ("power", "power+pdf")
+
+
+def split_features(cfg, split: str, n_bins: int, one_point: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(power-spectrum features, targets, one-point features or None) of every sample of a split, in file
+    order (read raw, not through the pipeline)."""
     # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
     from cosmoflow.data import raw_samples
 
-    features, targets = [], []
+    features, targets, extra = [], [], []
     for volume, y in raw_samples(cfg, split):
         features.append(spectrum_features(volume, cfg.data.mock.box_size_mpc_h, n_bins))
         targets.append(y)
-    return np.array(features), np.array(targets)
+        if one_point:
+            extra.append(one_point_features(volume))
+    return np.array(features), np.array(targets), (np.array(extra) if one_point else None)
 
 
 def spectrum_regression(train_x, train_y, valid_x, valid_y, names) -> dict:
@@ -161,6 +204,38 @@ def spectrum_regression(train_x, train_y, valid_x, valid_y, names) -> dict:
             for name, e, b in zip(names, error, baseline)}
 
 
+def learning_curve(train_x, train_y, valid_x, valid_y, names, sizes, repeats: int, seed: int = 0) -> dict:
+    """:func:`spectrum_regression` on training sets of each size: the first n samples (what
+    ``data.n_train=n`` gives the network), then ``repeats`` - 1 random draws of n without replacement (one
+    fit when n is the whole set), all scored on the whole validation set.  Per size and target: mean and
+    standard deviation over the draws of the MAE and of its ratio to the training-mean baseline."""
+    rng = np.random.default_rng(seed)
+    curve = {}
+    for n in sizes:
+        if not 2 <= n <= len(train_y):
+            raise ConfigError(f"--train-sizes: {n} is not between 2 and the {len(train_y)} training samples present")
+        draws = [np.arange(n)] + ([] if n == len(train_y) else
+                                  [rng.choice(len(train_y), n, replace=False) for _ in range(repeats - 1)])
+        fits = [spectrum_regression(train_x[d], train_y[d], valid_x, valid_y, names) for d in draws]
+        curve[str(n)] = {name: {"mae_mean": float(np.mean([f[name]["mae"] for f in fits])),
+                                "mae_std": float(np.std([f[name]["mae"] for f in fits])),
+                                "ratio_mean": float(np.mean([f[name]["ratio"] for f in fits])),
+                                "ratio_std": float(np.std([f[name]["ratio"] for f in fits])),
+                                "draws": len(fits)} for name in names}
+    return curve
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``--train-sizes 256,512``: positive integers, increasing."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--train-sizes: expected comma-separated sample counts such as 256,512,1024, got {text!r}") from None
+    if not sizes or sizes != sorted(set(sizes)) or sizes[0] < 2:
+        raise ConfigError(f"--train-sizes: expected increasing sample counts of at least 2, got {text!r}")
+    return sizes
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.information", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
@@ -169,6 +244,10 @@ def main(argv=None) -> int:
     parser.add_argument("--known", action="append", default=[], choices=TARGET_NAMES,
                         help="Fisher: hold this parameter fixed (repeatable)")
     parser.add_argument("--bins", type=int, default=8, help="regression: k bins per redshift channel")
+    parser.add_argument("--features", choices=FEATURE_SETS, default="power",
+                        help="regression: log P(k) alone, or with one-point statistics (both are reported)")
+    parser.add_argument("--train-sizes", help="regression: learning curve on these training-set sizes, e.g. 256,512,1024")
+    parser.add_argument("--repeats", type=int, default=3, help="learning curve: fits per size (the first n, then random draws)")
     parser.add_argument("--fisher-only", action="store_true", help="skip the regression (needs no data)")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
@@ -177,6 +256,7 @@ def main(argv=None) -> int:
         cfg = load_config(CosmoflowConfig, args.config, args.set)
         mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
         report = {"grid": grid, "box_size_mpc_h": mock.box_size_mpc_h, "k_max": args.k_max,
+                  "data_dir": str(pathlib.Path(cfg.data.data_dir).resolve()), "bins": args.bins,
                   "fisher": fisher_report(cfg, args.k_max, tuple(args.known)), "known": args.known}
         print(f"linear Fisher bound, one {grid}^3 volume of {mock.box_size_mpc_h:g} Mpc/h"
               + (f", held fixed: {', '.join(args.known)}" if args.known else "") + ":")
@@ -186,15 +266,33 @@ def main(argv=None) -> int:
         if not args.fisher_only:
             if cfg.data.mock.generate_if_missing:
                 ensure_mock_data(cfg)
-            train_x, train_y = split_features(cfg, "train", args.bins)
-            valid_x, valid_y = split_features(cfg, "validation", args.bins)
-            report["regression"] = spectrum_regression(train_x, train_y, valid_x, valid_y, cfg.data.target_names)
+            sizes = parse_sizes(args.train_sizes) if args.train_sizes else []
+            if args.repeats < 1:
+                raise ConfigError(f"--repeats: expected at least 1, got {args.repeats}")
+            one_point = args.features == "power+pdf"
+            train_x, train_y, train_extra = split_features(cfg, "train", args.bins, one_point)
+            valid_x, valid_y, valid_extra = split_features(cfg, "validation", args.bins, one_point)
+            names = cfg.data.target_names
+            feature_sets = {"power": (train_x, valid_x)}
+            if one_point:
+                feature_sets["power+pdf"] = (np.hstack([train_x, train_extra]), np.hstack([valid_x, valid_extra]))
             report["regression_samples"] = {"train": len(train_y), "validation": len(valid_y)}
-            print(f"ridge regression on log P(k) ({args.bins} bins x {cfg.data.sample_shape[3]} redshifts), "
-                  f"{len(train_y)} train / {len(valid_y)} validation volumes of {cfg.data.data_dir}:")
-            for name, row in report["regression"].items():
-                print(f"  {name:<8} MAE {row['mae']:.3f} vs {row['baseline_mae']:.3f} for the training mean "
-                      f"({row['ratio']:.2f}x)")
+            for features, (fit_x, score_x) in feature_sets.items():
+                key = "regression" if features == "power" else "regression_power_pdf"
+                report[key] = spectrum_regression(fit_x, train_y, score_x, valid_y, names)
+                label = "log P(k)" if features == "power" else "log P(k) and one-point statistics"
+                print(f"ridge regression on {label} ({args.bins} k bins x {cfg.data.sample_shape[3]} redshifts), "
+                      f"{len(train_y)} train / {len(valid_y)} validation volumes of {cfg.data.data_dir}:")
+                for name, row in report[key].items():
+                    print(f"  {name:<8} MAE {row['mae']:.3f} vs {row['baseline_mae']:.3f} for the training mean "
+                          f"({row['ratio']:.2f}x)")
+                if sizes:
+                    curve = learning_curve(fit_x, train_y, score_x, valid_y, names, sizes, args.repeats)
+                    report.setdefault("learning_curve", {})[features] = curve
+                    print(f"  learning curve ({label}), MAE / training-mean MAE, mean +- std over draws:")
+                    for n, rows in curve.items():
+                        print(f"    {int(n):>6} volumes: " + ", ".join(
+                            f"{name} {row['ratio_mean']:.3f} +- {row['ratio_std']:.3f}" for name, row in rows.items()))
         if args.json:
             write_json(args.json, report, "cosmoflow.information")
     return 0

@@ -119,6 +119,52 @@ def test_evaluate_writes_metrics_and_plots(trained_run, tiny_cosmo_data):
                 assert row["predicted_mean"] == pytest.approx(predictions[inside, i].mean(), rel=1e-6)
 
 
+def test_learning_curve_reads_the_runs_and_the_regression(trained_run, tiny_cosmo_data, tmp_path):
+    run_dir, _ = trained_run
+    run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(run_dir)])
+    information = tmp_path / "information.json"
+    run_python(["-m", "cosmoflow.information", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data), "--bins", "4",
+                "--train-sizes", "16,32", "--repeats", "2", "--json", str(information)])
+    figure, out = tmp_path / "curve.png", tmp_path / "curve.json"
+    result = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--runs", str(run_dir),
+                         "--out", str(figure), "--json", str(out)])
+    curve = json.loads(out.read_text())
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    # The run trained on all 32 volumes: one point, its MAE over the baseline's as evaluate wrote them.
+    assert list(curve["network"]) == ["32"]
+    for name in ("Omega_m", "sigma_8", "n_s", "H0"):
+        point = curve["network"]["32"][name]
+        assert point["ratio_mean"] == pytest.approx(metrics["mae"][name] / metrics["baseline_mae"][name])
+        assert point["runs"] == 1 and point["ratio_std"] == 0
+    # Per epoch, the trainer's validation MAE from history.csv (read here with the csv module).
+    with open(run_dir / "history.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert curve["runs"][0]["epochs"]["n_s"] == pytest.approx(
+        [float(r["val_mae_n_s"]) / metrics["baseline_mae"]["n_s"] for r in rows])
+    assert set(curve["regressions"]) == {"power"} and list(curve["regressions"]["power"]) == ["16", "32"]
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "network" in result.stdout
+    # A regression on another data folder is refused, naming the file; nothing is written.
+    other = json.loads(information.read_text())
+    other["data_dir"] = str(tmp_path / "elsewhere")
+    information.write_text(json.dumps(other))
+    refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--runs", str(run_dir),
+                          "--out", str(tmp_path / "other.png")], check=False)
+    assert refused.returncode == 2 and f"{information}: the regression read" in refused.stderr
+    assert not (tmp_path / "other.png").exists()
+
+
+def test_network_curve_averages_runs_of_one_size():
+    from cosmoflow.learning_curve import network_curve
+
+    runs = [{"train_samples": n, "seed": seed, "mae": {"n_s": r / 2}, "ratio": {"n_s": r}}
+            for n, seed, r in [(512, 0, 0.8), (512, 1, 0.6), (1024, 0, 0.5)]]
+    curve = network_curve(runs)
+    assert list(curve) == ["512", "1024"]
+    assert curve["512"]["n_s"]["ratio_mean"] == pytest.approx(0.7)
+    assert curve["512"]["n_s"]["ratio_std"] == pytest.approx(np.std([0.8, 0.6]))
+    assert curve["512"]["n_s"]["seeds"] == [0, 1] and curve["1024"]["n_s"]["runs"] == 1
+
+
 def test_mlperf_log_passes_compliance_checker_except_quality_target(trained_run):
     run_dir, _ = trained_run
     result = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "hpc",

@@ -1,0 +1,164 @@
+"""Validation MAE against training-set size: trained networks beside the P(k) regression, per parameter.
+
+    python -m cosmoflow.information --config configs/cosmoflow/science.yaml --bins 12 \\
+        --features power+pdf --train-sizes 256,512,1024,2048 --json curve.json
+    python -m cosmoflow.learning_curve --information curve.json --runs runs/n512-s0 runs/n512-s1 ... \\
+        --out learning_curve.png [--json learning_curve.json]
+
+Each run directory is a finished training (``python -m cosmoflow.train``, any ``data.n_train``) evaluated on
+its validation split (``python -m cosmoflow.evaluate``): its size is the ``train_samples_per_epoch`` of its
+``summary.json``, its MAE per parameter that of its ``metrics.json`` over the training-mean baseline's.
+Runs of one size are averaged (mean and standard deviation over seeds).  The runs and the regression must
+have read the same data folder.  The figure has one panel per parameter: MAE / training-mean MAE (1 = the
+mean, 0 = perfect) on a log scale against training volumes, the networks with their spread over seeds, the
+regression on log P(k) (and on P(k) with one-point statistics when it was computed) with its spread over
+training draws.  The runs' ``history.csv`` gives, in the JSON, each run's validation MAE per epoch (the
+trainer's: batch-norm moving averages, not the re-estimated statistics of the final model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+from common.cli import exit_on_user_error
+from common.errors import UserInputError
+from common.storage.outputs import save_figure, write_json
+from common.storage.plots import read_history
+
+# Imported where used, not here: matplotlib's pyplot, only where the figure is drawn.
+
+PANELS = ("Omega_m", "sigma_8", "n_s", "H0")
+REGRESSIONS = {"power": "ridge on log P(k)", "power+pdf": "ridge on log P(k) + one-point"}
+
+
+def _read_json(path: pathlib.Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserInputError(f"{path}: not found ({what})") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserInputError(f"{path}: not readable as JSON ({exc}); expected {what}") from None
+
+
+def read_run(run_dir) -> dict:
+    """One evaluated training run: its data folder, training-set size, seed, and per parameter the validation
+    MAE and its ratio to the training-mean baseline (and, when ``history.csv`` has them, per epoch)."""
+    import yaml   # deferred: PyYAML only to read a run's config
+
+    run_dir = pathlib.Path(run_dir)
+    metrics = _read_json(run_dir / "metrics.json", "python -m cosmoflow.evaluate --run-dir RUN writes it")
+    summary = _read_json(run_dir / "summary.json", "a finished python -m cosmoflow.train run writes it")
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserInputError(f"{run_dir / 'config.yaml'}: not readable ({exc}); expected the run's config") from None
+    if metrics.get("split") != "validation":
+        raise UserInputError(f"{run_dir / 'metrics.json'}: evaluated on split {metrics.get('split')!r}; expected "
+                             f"'validation' (python -m cosmoflow.evaluate --run-dir {run_dir} --split validation)")
+    size = summary.get("train_samples_per_epoch")
+    if not isinstance(size, int) or size < 1:
+        raise UserInputError(f"{run_dir / 'summary.json'}: no train_samples_per_epoch; expected a finished training's summary")
+    names = list(metrics["mae"])
+    history = read_history(run_dir / "history.csv") if (run_dir / "history.csv").is_file() else {}
+    return {
+        "run_dir": str(run_dir), "train_samples": size, "seed": config["train"]["seed"],
+        "data_dir": str(pathlib.Path(config["data"]["data_dir"]).resolve()),
+        "mae": {n: metrics["mae"][n] for n in names},
+        "ratio": {n: metrics["mae"][n] / metrics["baseline_mae"][n] for n in names},
+        "epochs": {n: [v / metrics["baseline_mae"][n] for v in history[f"val_mae_{n}"]]
+                   for n in names if f"val_mae_{n}" in history},
+    }
+
+
+def network_curve(runs: list[dict]) -> dict:
+    """Per training-set size and parameter: mean and standard deviation of the MAE ratio over the runs."""
+    curve = {}
+    for size in sorted({run["train_samples"] for run in runs}):
+        group = [run for run in runs if run["train_samples"] == size]
+        curve[str(size)] = {name: {"ratio_mean": float(np.mean([r["ratio"][name] for r in group])),
+                                   "ratio_std": float(np.std([r["ratio"][name] for r in group])),
+                                   "mae_mean": float(np.mean([r["mae"][name] for r in group])),
+                                   "runs": len(group), "seeds": sorted(r["seed"] for r in group)}
+                            for name in group[0]["ratio"]}
+    return curve
+
+
+def check_same_data(information: dict, runs: list[dict], information_path) -> None:
+    """The regression and every run read one data folder, or a one-line error naming both."""
+    folders = {run["data_dir"] for run in runs}
+    if len(folders) > 1:
+        raise UserInputError(f"the runs read different data folders ({', '.join(sorted(folders))}); "
+                             "a learning curve compares runs on one dataset")
+    if information.get("data_dir") not in folders:
+        raise UserInputError(f"{information_path}: the regression read {information.get('data_dir')}, the runs "
+                             f"{folders.pop()}; expected the same folder")
+
+
+def plot(network: dict, regressions: dict, title: str):
+    """One panel per parameter: MAE / training-mean MAE against training volumes (the figure)."""
+    import matplotlib   # deferred: matplotlib only where the figure is drawn
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in PANELS if any(n in rows for rows in network.values())]
+    fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.4), squeeze=False)
+    series = [("CosmoFlow network", network, dict(color="C0", marker="o", lw=1.6))]
+    styles = {"power": dict(color="C1", marker="s", ls="--"), "power+pdf": dict(color="C2", marker="^", ls=":")}
+    series += [(REGRESSIONS[key], curve, styles[key]) for key, curve in regressions.items()]
+    for axis, name in zip(axes[0], names):
+        for label, curve, style in series:
+            sizes = [int(n) for n in curve if name in curve[n]]
+            axis.errorbar(sizes, [curve[str(n)][name]["ratio_mean"] for n in sizes],
+                          yerr=[curve[str(n)][name]["ratio_std"] for n in sizes], capsize=3, ms=4, label=label, **style)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_title(name)
+        axis.set_xlabel("training volumes")
+        axis.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("validation MAE / training-mean MAE")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cosmoflow.learning_curve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--information", required=True, help="JSON of python -m cosmoflow.information --train-sizes ...")
+    parser.add_argument("--runs", nargs="+", required=True, help="evaluated training run directories")
+    parser.add_argument("--out", required=True, help="the figure (PNG)")
+    parser.add_argument("--json", help="also write the curves to this file")
+    parser.add_argument("--title", default="CosmoFlow: validation MAE against training-set size")
+    parser.add_argument("--force", action="store_true", help="replace outputs this tool did not write")
+    args = parser.parse_args(argv)
+
+    with exit_on_user_error():
+        information = _read_json(pathlib.Path(args.information), "the JSON of python -m cosmoflow.information")
+        regressions = information.get("learning_curve")
+        if not regressions:
+            raise UserInputError(f"{args.information}: no learning_curve; expected the JSON of python -m "
+                                 "cosmoflow.information --train-sizes 256,512,...")
+        runs = [read_run(run) for run in args.runs]
+        check_same_data(information, runs, args.information)
+        network = network_curve(runs)
+        print("validation MAE / training-mean MAE, mean +- std (network: over seeds; ridge: over training draws)")
+        for label, curve in [("network", network)] + [(REGRESSIONS[k], c) for k, c in regressions.items()]:
+            print(f"  {label}:")
+            for size, rows in curve.items():
+                print(f"    {int(size):>6} volumes: " + ", ".join(f"{n} {r['ratio_mean']:.3f} +- {r['ratio_std']:.3f}"
+                                                              for n, r in rows.items()))
+        save_figure(plot(network, regressions, args.title), args.out, "cosmoflow.learning_curve", force=args.force)
+        if args.json:
+            write_json(args.json, {"network": network, "regressions": regressions, "runs": runs},
+                       "cosmoflow.learning_curve", force=args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
