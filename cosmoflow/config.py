@@ -85,6 +85,10 @@ class CosmoModelSection(Section):
     pool_size: PositiveInt = 2
     batch_norm: bool = False
     batch_norm_momentum: float = Field(0.99, gt=0.0, lt=1.0, description="moving-statistics momentum")
+    pooling: Literal["flatten", "average"] = Field(
+        "flatten", description="the last block's volume into the dense layers: flatten (the reference: every position "
+                               "its own weights) or average (global average pooling: one translation-invariant "
+                               "value per filter)")
     dense_units: list[PositiveInt] = Field(default_factory=lambda: [128, 64])
     dropout: float = Field(0.5, ge=0.0, lt=1.0)
     l2: NonNegativeFloat = Field(0.0, description="L2 on the dense kernels")

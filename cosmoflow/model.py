@@ -2,7 +2,8 @@
 
 Input (x, y, z, redshifts) channels-last ->
 ``conv_blocks`` x [Conv3D(base_filters * multiplier**i, kernel, same, bias) ->
-LeakyReLU -> MaxPool3D (computed as MaxPool3D -> LeakyReLU, the same function)] -> Flatten -> [Dense -> LeakyReLU -> Dropout] per
+LeakyReLU -> MaxPool3D (computed as MaxPool3D -> LeakyReLU, the same function)] -> Flatten (or, with
+``pooling: average``, the mean over positions of each filter) -> [Dense -> LeakyReLU -> Dropout] per
 ``dense_units`` -> Dense(n_targets, tanh) x ``output_scale``.
 
 ``configs/cosmoflow/mlperf.yaml`` gives the reference network at 128^3 x 4:
@@ -54,7 +55,10 @@ def build_model(cfg: CosmoflowConfig) -> keras.Model:
         # elements (6% of a 128^3 bf16 training step here).
         x = layers.MaxPooling3D(m.pool_size, name=f"pool{i + 1}")(x)
         x = layers.LeakyReLU(negative_slope=m.leaky_relu_slope, name=f"conv{i + 1}_act")(x)
-    x = layers.Flatten(name="flatten")(x)
+    if m.pooling == "average":
+        x = layers.GlobalAveragePooling3D(name="global_average")(x)
+    else:
+        x = layers.Flatten(name="flatten")(x)
     regularizer = keras.regularizers.L2(m.l2) if m.l2 > 0 else None
     for j, units in enumerate(m.dense_units):
         x = layers.Dense(units, kernel_regularizer=regularizer, name=f"dense{j + 1}")(x)

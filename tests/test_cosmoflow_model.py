@@ -56,3 +56,22 @@ def test_network_equals_the_reference_layer_order(batch_norm):
     for weight, a, b in zip(["output"] + [w.path for w in theirs.trainable_weights], *results):
         a, b = np.asarray(a), np.asarray(b)
         np.testing.assert_allclose(a, b, rtol=0, atol=summation_tolerance(reduction, np.abs(b).max()), err_msg=weight)
+
+
+def test_average_pooling_hands_the_dense_layers_one_mean_per_filter():
+    keras.config.set_dtype_policy("float32")
+    overrides = ["data.sample_shape=[16,16,16,4]", "model.conv_blocks=2", "model.base_filters=4",
+                 "model.dense_units=[8]", "model.dropout=0", "train.precision=fp32"]
+    flat = build_model(load_config(CosmoflowConfig, REPO / "configs/cosmoflow/demo.yaml", overrides))
+    model = build_model(load_config(CosmoflowConfig, REPO / "configs/cosmoflow/demo.yaml",
+                                    overrides + ["model.pooling=average"]))
+    # 8 filters after two blocks: the dense layer sees 8 numbers instead of 4^3 x 8.
+    assert model.get_layer("dense1").kernel.shape == (8, 8) and flat.get_layer("dense1").kernel.shape == (512, 8)
+    assert flat.count_params() - model.count_params() == (512 - 8) * 8
+    x = tf.constant(np.random.default_rng(2).normal(size=(2, 16, 16, 16, 4)).astype("float32"))
+    probe = keras.Model(model.inputs, [model.get_layer("conv2_act").output, model.get_layer("global_average").output])
+    volume, pooled = (np.asarray(t, np.float64) for t in probe(x))
+    # A float32 mean of 4^3 values is within gamma_64 max|value| of the exact one (Higham 4.2), plus the
+    # division's half unit: below summation_tolerance(64, max|value|) = 2 gamma_64 sqrt(64) max|value|.
+    np.testing.assert_allclose(pooled, volume.mean(axis=(1, 2, 3)), rtol=0,
+                               atol=summation_tolerance(64, np.abs(volume).max()))
