@@ -155,20 +155,25 @@ def one_point_features(volume: np.ndarray) -> np.ndarray:
     """Per channel: the fraction of voxels in each :data:`PDF_EDGES` bin of counts / mean, and the skewness
     and excess kurtosis of the overdensity in cells of 1, 2 and 4 voxels per side (sums of counts): what a
     Gaussian field's two-point function does not fix."""
+    edges = np.asarray(PDF_EDGES)
     features = []
     for channel in range(volume.shape[-1]):
         counts = np.asarray(volume[..., channel], np.float64)
         mean = max(counts.mean(), 1e-12)
-        histogram, _ = np.histogram(counts / mean, bins=PDF_EDGES)
-        features.extend(histogram / counts.size)
+        # Bins [low, high), as np.histogram's but 5x faster on a 64^3 volume.
+        which = np.searchsorted(edges, (counts / mean).ravel(), side="right") - 1
+        features.extend(np.bincount(which, minlength=len(edges) - 1)[:len(edges) - 1] / counts.size)
         n = counts.shape[0]
         for cell in MOMENT_CELLS:
             m = n // cell
-            summed = counts[:m * cell, :m * cell, :m * cell].reshape(m, cell, m, cell, m, cell).sum(axis=(1, 3, 5))
+            summed = counts[:m * cell, :m * cell, :m * cell]
+            if cell > 1:
+                summed = summed.reshape(m, cell, m, cell, m, cell).sum(axis=(1, 3, 5))
             delta = summed / max(summed.mean(), 1e-12) - 1.0
-            variance = max(np.mean(delta ** 2), 1e-30)
-            features.append(np.mean(delta ** 3) / variance ** 1.5)
-            features.append(np.mean(delta ** 4) / variance ** 2 - 3.0)
+            square = delta * delta   # products, not powers: ** 3 and ** 4 take 10x longer
+            variance = max(square.mean(), 1e-30)
+            features.append(np.mean(square * delta) / variance ** 1.5)
+            features.append(np.mean(square * square) / variance ** 2 - 3.0)
     return np.array(features)
 
 
