@@ -2,15 +2,17 @@
 
     python -m cosmoflow.information --config configs/cosmoflow/science.yaml --bins 12 \\
         --features power+pdf --train-sizes 256,512,1024,2048 --json curve.json
-    python -m cosmoflow.learning_curve --information curve.json --runs runs/n512-s0 runs/n512-s1 ... \\
-        --out learning_curve.png [--json learning_curve.json]
+    python -m cosmoflow.learning_curve --information curve.json --out learning_curve.png \\
+        --series "reference (flatten)" runs/n512-s0 runs/n512-s1 runs/n2048-s0 \\
+        --series "global average pooling" runs/avg-n512-s0 ... [--json learning_curve.json]
 
 Each run directory is a finished training (``python -m cosmoflow.train``, any ``data.n_train``) evaluated on
 its validation split (``python -m cosmoflow.evaluate``): its size is the ``train_samples_per_epoch`` of its
 ``summary.json``, its MAE per parameter that of its ``metrics.json`` over the training-mean baseline's.
-Runs of one size are averaged (mean and standard deviation over seeds).  The runs and the regression must
-have read the same data folder.  The figure has one panel per parameter: MAE / training-mean MAE (1 = the
-mean, 0 = perfect) on a log scale against training volumes, the networks with their spread over seeds, the
+Each ``--series`` is a label and its runs (one network configuration at several sizes); its runs of one size
+are averaged (mean and standard deviation over seeds).  The runs and the regression must have read the same
+data folder.  The figure has one panel per parameter: MAE / training-mean MAE (1 = the mean, 0 = perfect) on
+a log scale against training volumes, each series with its spread over seeds, the
 regression on log P(k) (and on P(k) with one-point statistics when it was computed) with its spread over
 training draws.  The runs' ``history.csv`` gives, in the JSON, each run's validation MAE per epoch (the
 trainer's: batch-norm moving averages, not the re-estimated statistics of the final model).
@@ -99,16 +101,19 @@ def check_same_data(information: dict, runs: list[dict], information_path) -> No
                              f"{folders.pop()}; expected the same folder")
 
 
-def plot(network: dict, regressions: dict, title: str):
+def plot(networks: dict[str, dict], regressions: dict, title: str):
     """One panel per parameter: MAE / training-mean MAE against training volumes (the figure)."""
     import matplotlib   # deferred: matplotlib only where the figure is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    names = [n for n in PANELS if any(n in rows for rows in network.values())]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.4), squeeze=False)
-    series = [("CosmoFlow network", network, dict(color="C0", marker="o", lw=1.6))]
+    names = [n for n in PANELS if any(n in rows for curve in networks.values() for rows in curve.values())]
+    fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.6), squeeze=False)
+    colours = ["C0", "C3", "C4", "C5", "C6"]
+    series = [(label, curve, dict(color=colours[i % len(colours)], marker="o", lw=1.6))
+              for i, (label, curve) in enumerate(networks.items())]
     styles = {"power": dict(color="C1", marker="s", ls="--"), "power+pdf": dict(color="C2", marker="^", ls=":")}
     series += [(REGRESSIONS[key], curve, styles[key]) for key, curve in regressions.items()]
     for axis, name in zip(axes[0], names):
@@ -118,20 +123,27 @@ def plot(network: dict, regressions: dict, title: str):
                           yerr=[curve[str(n)][name]["ratio_std"] for n in sizes], capsize=3, ms=4, label=label, **style)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
+        plain = FuncFormatter(lambda value, _: f"{value:.2g}")
+        axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axis.yaxis.set_major_formatter(plain)
+        axis.yaxis.set_minor_formatter(plain)
+        axis.tick_params(axis="y", which="both", labelsize=7)
         axis.set_title(name)
         axis.set_xlabel("training volumes")
         axis.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("validation MAE / training-mean MAE")
-    axes[0][0].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.learning_curve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--information", required=True, help="JSON of python -m cosmoflow.information --train-sizes ...")
-    parser.add_argument("--runs", nargs="+", required=True, help="evaluated training run directories")
+    parser.add_argument("--series", nargs="+", action="append", required=True, metavar="LABEL_THEN_RUNS",
+                        help="a label, then its evaluated training run directories (repeatable)")
     parser.add_argument("--out", required=True, help="the figure (PNG)")
     parser.add_argument("--json", help="also write the curves to this file")
     parser.add_argument("--title", default="CosmoFlow: validation MAE against training-set size")
@@ -144,18 +156,24 @@ def main(argv=None) -> int:
         if not regressions:
             raise UserInputError(f"{args.information}: no learning_curve; expected the JSON of python -m "
                                  "cosmoflow.information --train-sizes 256,512,...")
-        runs = [read_run(run) for run in args.runs]
+        series = {}
+        for label, *directories in args.series:
+            if not directories or label in series:
+                raise UserInputError(f"--series {label}: expected a new label followed by run directories")
+            series[label] = [read_run(run) for run in directories]
+        runs = [run for group in series.values() for run in group]
         check_same_data(information, runs, args.information)
-        network = network_curve(runs)
-        print("validation MAE / training-mean MAE, mean +- std (network: over seeds; ridge: over training draws)")
-        for label, curve in [("network", network)] + [(REGRESSIONS[k], c) for k, c in regressions.items()]:
+        networks = {label: network_curve(group) for label, group in series.items()}
+        print("validation MAE / training-mean MAE, mean +- std (networks: over seeds; ridge: over training draws)")
+        for label, curve in list(networks.items()) + [(REGRESSIONS[k], c) for k, c in regressions.items()]:
             print(f"  {label}:")
             for size, rows in curve.items():
                 print(f"    {int(size):>6} volumes: " + ", ".join(f"{n} {r['ratio_mean']:.3f} +- {r['ratio_std']:.3f}"
                                                               for n, r in rows.items()))
-        save_figure(plot(network, regressions, args.title), args.out, "cosmoflow.learning_curve", force=args.force)
+        save_figure(plot(networks, regressions, args.title), args.out, "cosmoflow.learning_curve", force=args.force)
         if args.json:
-            write_json(args.json, {"network": network, "regressions": regressions, "runs": runs},
+            write_json(args.json, {"networks": networks, "regressions": regressions,
+                                   "runs": {label: group for label, group in series.items()}},
                        "cosmoflow.learning_curve", force=args.force)
     return 0
 

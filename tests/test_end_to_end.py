@@ -126,29 +126,29 @@ def test_learning_curve_reads_the_runs_and_the_regression(trained_run, tiny_cosm
     run_python(["-m", "cosmoflow.information", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data), "--bins", "4",
                 "--train-sizes", "16,32", "--repeats", "2", "--json", str(information)])
     figure, out = tmp_path / "curve.png", tmp_path / "curve.json"
-    result = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--runs", str(run_dir),
-                         "--out", str(figure), "--json", str(out)])
+    result = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--series", "tiny",
+                         str(run_dir), "--out", str(figure), "--json", str(out)])
     curve = json.loads(out.read_text())
     metrics = json.loads((run_dir / "metrics.json").read_text())
     # The run trained on all 32 volumes: one point, its MAE over the baseline's as evaluate wrote them.
-    assert list(curve["network"]) == ["32"]
+    assert list(curve["networks"]) == ["tiny"] and list(curve["networks"]["tiny"]) == ["32"]
     for name in ("Omega_m", "sigma_8", "n_s", "H0"):
-        point = curve["network"]["32"][name]
+        point = curve["networks"]["tiny"]["32"][name]
         assert point["ratio_mean"] == pytest.approx(metrics["mae"][name] / metrics["baseline_mae"][name])
         assert point["runs"] == 1 and point["ratio_std"] == 0
     # Per epoch, the trainer's validation MAE from history.csv (read here with the csv module).
     with open(run_dir / "history.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert curve["runs"][0]["epochs"]["n_s"] == pytest.approx(
+    assert curve["runs"]["tiny"][0]["epochs"]["n_s"] == pytest.approx(
         [float(r["val_mae_n_s"]) / metrics["baseline_mae"]["n_s"] for r in rows])
     assert set(curve["regressions"]) == {"power"} and list(curve["regressions"]["power"]) == ["16", "32"]
-    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "network" in result.stdout
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "tiny:" in result.stdout
     # A regression on another data folder is refused, naming the file; nothing is written.
     other = json.loads(information.read_text())
     other["data_dir"] = str(tmp_path / "elsewhere")
     information.write_text(json.dumps(other))
-    refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--runs", str(run_dir),
-                          "--out", str(tmp_path / "other.png")], check=False)
+    refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--series", "tiny",
+                          str(run_dir), "--out", str(tmp_path / "other.png")], check=False)
     assert refused.returncode == 2 and f"{information}: the regression read" in refused.stderr
     assert not (tmp_path / "other.png").exists()
 
