@@ -12,9 +12,8 @@ its validation split (``python -m cosmoflow.evaluate``): its size is the ``train
 Each ``--series`` is a label and its runs (one network configuration at several sizes); its runs of one size
 are averaged (mean and standard deviation over seeds).  The runs and the regression must have read the same
 data folder.  The figure has one panel per parameter: MAE / training-mean MAE (1 = the mean, 0 = perfect) on
-a log scale against training volumes, each series with its spread over seeds, the
-regression on log P(k) (and on P(k) with one-point statistics when it was computed) with its spread over
-training draws.  The runs' ``history.csv`` gives, in the JSON, each run's validation MAE per epoch (the
+a log scale against training volumes, each series with its spread over seeds, the regression on log P(k)
+(and on P(k) with one-point statistics when it was computed) with its spread over training draws.  The runs' ``history.csv`` gives, in the JSON, each run's validation MAE per epoch (the
 trainer's: batch-norm moving averages, not the re-estimated statistics of the final model).
 """
 
@@ -59,6 +58,9 @@ def read_run(run_dir) -> dict:
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise UserInputError(f"{run_dir / 'config.yaml'}: not readable ({exc}); expected the run's config") from None
+    if not all(isinstance(metrics.get(key), dict) for key in ("mae", "baseline_mae")):
+        raise UserInputError(f"{run_dir / 'metrics.json'}: no mae and baseline_mae; expected the metrics of "
+                             "python -m cosmoflow.evaluate")
     if metrics.get("split") != "validation":
         raise UserInputError(f"{run_dir / 'metrics.json'}: evaluated on split {metrics.get('split')!r}; expected "
                              f"'validation' (python -m cosmoflow.evaluate --run-dir {run_dir} --split validation)")
