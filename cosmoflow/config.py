@@ -80,6 +80,9 @@ class CosmoModelSection(Section):
     conv_blocks: PositiveInt = 5
     base_filters: PositiveInt = 32
     filter_multiplier: PositiveInt = Field(2, description="filters of block i = base_filters * multiplier**i")
+    first_filters: PositiveInt | None = Field(
+        None, description="filters of the first block only (default base_filters): a wider first block sees more "
+                          "combinations of the 4 redshifts at full resolution, the other blocks unchanged")
     kernel_size: PositiveInt = 3
     padding: Literal["same", "valid"] = "same"
     pool_size: PositiveInt = 2

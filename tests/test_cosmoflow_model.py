@@ -75,3 +75,23 @@ def test_average_pooling_hands_the_dense_layers_one_mean_per_filter():
     # division's half unit: below summation_tolerance(64, max|value|) = 2 gamma_64 sqrt(64) max|value|.
     np.testing.assert_allclose(pooled, volume.mean(axis=(1, 2, 3)), rtol=0,
                                atol=summation_tolerance(64, np.abs(volume).max()))
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_a_wider_first_block_changes_only_the_first_two_convolutions(batch_norm):
+    keras.config.set_dtype_policy("float32")
+    overrides = ["data.sample_shape=[16,16,16,4]", "model.conv_blocks=3", "model.base_filters=4",
+                 "model.dense_units=[8]", "model.dropout=0", "train.precision=fp32",
+                 f"model.batch_norm={str(batch_norm).lower()}"]
+    narrow = build_model(load_config(CosmoflowConfig, REPO / "configs/cosmoflow/demo.yaml", overrides))
+    wide = build_model(load_config(CosmoflowConfig, REPO / "configs/cosmoflow/demo.yaml",
+                                   overrides + ["model.first_filters=12"]))
+    # Block 1: 4 redshifts -> 12 filters (instead of 4); block 2 reads 12 channels into its 8; block 3 as before.
+    assert wide.get_layer("conv1").kernel.shape == (3, 3, 3, 4, 12)
+    assert wide.get_layer("conv2").kernel.shape == (3, 3, 3, 12, 8)
+    for name in ("conv3", "dense1", "targets"):
+        assert wide.get_layer(name).kernel.shape == narrow.get_layer(name).kernel.shape, name
+    # 8 more first-block filters: each 27 x 4 weights and a bias (and a scale, offset and two statistics
+    # under batch norm), and 8 more input channels for each of block 2's 8 filters of 27 weights.
+    extra = 8 * (27 * 4 + 1 + (4 if batch_norm else 0)) + 8 * 27 * 8
+    assert wide.count_params() - narrow.count_params() == extra
