@@ -13,8 +13,9 @@ Each ``--series`` is a label and its runs (one network configuration at several 
 are averaged (mean and standard deviation over seeds).  The runs and the regression must have read the same
 data folder.  The figure has one panel per parameter: MAE / training-mean MAE (1 = the mean, 0 = perfect) on
 a log scale against training volumes, each series with its spread over seeds, the regression on log P(k)
-(and on P(k) with one-point statistics when it was computed) with its spread over training draws.  The runs' ``history.csv`` gives, in the JSON, each run's validation MAE per epoch (the
-trainer's: batch-norm moving averages, not the re-estimated statistics of the final model).
+(and on P(k) with one-point statistics when it was computed) with its spread over training draws.  The runs'
+``history.csv`` gives, in the JSON, each run's validation MAE per epoch (the trainer's: batch-norm moving
+averages, not the re-estimated statistics of the final model).
 """
 
 from __future__ import annotations

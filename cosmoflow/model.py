@@ -47,7 +47,7 @@ def build_model(cfg: CosmoflowConfig) -> keras.Model:
     inputs = keras.Input(shape=tuple(cfg.data.sample_shape), name="volume", dtype=compute_dtype(cfg.train.precision))
     x = inputs
     for i in range(m.conv_blocks):
-        filters = m.first_filters if i == 0 and m.first_filters else m.base_filters * m.filter_multiplier ** i
+        filters = m.first_filters if i == 0 and m.first_filters is not None else m.base_filters * m.filter_multiplier ** i
         x = layers.Conv3D(filters, m.kernel_size, padding=m.padding, use_bias=True, name=f"conv{i + 1}")(x)
         if m.batch_norm:
             x = FusedBatchNormalization(momentum=m.batch_norm_momentum, name=f"batch_normalization{i + 1}")(x)
