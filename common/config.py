@@ -3,13 +3,18 @@
 An application declares its schema as a pydantic model that reuses the shared
 sections below (``train``, ``optimizer``, ``distributed``, ``mlperf``) and adds
 its own ``data`` and ``model`` sections.  Defaults live in the schema; unknown
-keys and wrong types are errors that name the key path and the file.
+keys and wrong types are errors that name the key path and the file.  So are a
+key given twice in a file (naming both lines), aliases that expand without
+bound, and a ``distributed.instance_overrides`` entry that makes a bad
+instance config: every command that loads a config refuses them up front.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import pathlib
+import re
 import types
 import typing
 from typing import Any, Literal, TypeVar
@@ -192,6 +197,9 @@ class DistributedSection(Section):
 
     @model_validator(mode="after")
     def _instances_fit(self):
+        if self.instance_overrides and self.instances == 1:
+            raise ValueError("distributed.instance_overrides is for a job of several instances (distributed.instances "
+                             "> 1); a lone run takes its settings from the config itself: set them there")
         if self.instance_overrides and len(self.instance_overrides) != self.instances:
             raise ValueError(f"distributed.instance_overrides has {len(self.instance_overrides)} entries for "
                              f"distributed.instances={self.instances}: give one mapping per instance")
@@ -229,6 +237,23 @@ class AppConfig(Section):
 ConfigT = TypeVar("ConfigT", bound=AppConfig)
 
 
+ENVIRONMENT_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def expand_environment(value: str, key: str) -> str:
+    """``value`` with each ``$NAME`` or ``${NAME}`` replaced by that environment variable's value, where a path
+    is used (``/dev/shm/cosmoflow-${SLURM_JOB_ID}``: a folder per job); an unset one is a ConfigError naming
+    ``key``."""
+    def value_of(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in os.environ:
+            raise ConfigError(f"{key}: {value} names the environment variable ${name}, which is not set here; "
+                              f"set it, or set {key} to a path without it (--set {key}=...)")
+        return os.environ[name]
+
+    return ENVIRONMENT_VARIABLE.sub(value_of, value)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"optimizer.learning_rate=0.01"`` -> (["optimizer", "learning_rate"], 0.01).
 
@@ -241,7 +266,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if any(not p for p in parts):
         raise ConfigError(f"--set {text!r}: empty component in key path {key!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _load_yaml(raw) if raw.strip() else None
+    except _Refused as exc:
+        raise ConfigError(f"--set {text!r}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {text!r}: value is not valid YAML ({exc.__class__.__name__})") from None
     return parts, value
@@ -290,22 +317,103 @@ def _format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
     return f"{source}: " + "; ".join(problems)
 
 
+# A config holds a few hundred values, a sweep a few thousand; aliases that add more than this to what the file
+# writes ("billion laughs": ten aliases of ten aliases of ...) would have validation and error messages walk billions.
+MAX_ALIASED_NODES = 100_000
+
+
+class _Refused(yaml.YAMLError):
+    """YAML that parses but that a config may not be: the message names the key or the reason, not the file."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, strict where a config must be.
+
+    A key given twice in one mapping is refused (PyYAML keeps the last silently: a second ``distributed:``
+    section would drop the first's ``instances``), naming its section path and both lines.  Merge keys keep
+    YAML's meaning: in ``{<<: *defaults, lr: 0.1}`` the written ``lr`` overrides the merged one, no duplicate.
+    Aliases may not add more than MAX_ALIASED_NODES nodes to what the file writes, nor hold their own anchor.
+    """
+
+    def construct_document(self, node):
+        sizes = {}
+        expanded = _expanded_size(node, sizes, set())
+        if expanded - len(sizes) > MAX_ALIASED_NODES:   # len(sizes): the nodes the file writes
+            raise _Refused(f"anchors and aliases expand {len(sizes)} YAML nodes to {expanded}, more than the "
+                           f"{MAX_ALIASED_NODES} aliases may add to a config")
+        self._refuse_duplicate_keys(node, "", set())
+        return super().construct_document(node)
+
+    def _refuse_duplicate_keys(self, node, path: str, seen: set) -> None:
+        """Each mapping node once (an alias's target is checked where its anchor is), with its section path."""
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                self._refuse_duplicate_keys(item, f"{path}[{index}]", seen)
+        elif isinstance(node, yaml.MappingNode):
+            first_line = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":   # its keys are defaults the written ones override
+                    self._refuse_duplicate_keys(value_node, path, seen)
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode):   # ``? [a, b]``: the constructor refuses it unhashable
+                    continue
+                key = self.construct_object(key_node)   # as the mapping will hold it: `1` and `1.0` are one key
+                key_path = f"{path}.{key}" if path else str(key)
+                line = key_node.start_mark.line + 1
+                if key in first_line:
+                    raise _Refused(f"key '{key_path}' is given twice, at lines {first_line[key]} and {line} (YAML "
+                                   "would silently keep the last): give each key once")
+                first_line[key] = line
+                self._refuse_duplicate_keys(value_node, key_path, seen)
+
+
+def _expanded_size(node, sizes: dict, open_nodes: set) -> int:
+    """How many nodes ``node`` is once every alias is replaced by a copy of its anchor's node."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_nodes:
+        raise _Refused(f"the anchor at line {node.start_mark.line + 1} is used inside itself: the config would "
+                       "be infinitely deep")
+    open_nodes.add(id(node))
+    children = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    sizes[id(node)] = 1 + sum(_expanded_size(child, sizes, open_nodes) for child in children)
+    open_nodes.discard(id(node))
+    return sizes[id(node)]
+
+
+def _load_yaml(text: str):
+    """``text`` as YAML, by the strict loader (a _Refused or another yaml.YAMLError where it is not loadable)."""
+    return yaml.load(text, Loader=_StrictLoader)   # noqa: S506 (a SafeLoader: plain data only)
+
+
 def read_yaml(path: str | pathlib.Path) -> dict:
-    """A YAML file's mapping; a ConfigError naming the file if it is missing, not UTF-8, not YAML or not a mapping."""
+    """A YAML file's mapping; a ConfigError naming the file if it is missing, not UTF-8, not YAML, not a mapping,
+    or repeats a key (naming the key and both lines) or expands without bound through its aliases."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        raw = _load_yaml(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a YAML "
                           "config") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
+    except _Refused as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}: invalid YAML{where}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -323,24 +431,31 @@ def validate(schema: type[ConfigT], raw: dict, source: str) -> ConfigT:
 
 def load_config(schema: type[ConfigT], path: str | pathlib.Path | None,
                 overrides: list[str] | None = None, defaults: dict | None = None) -> ConfigT:
-    """Read ``path`` (or ``defaults`` when None), apply overrides, validate."""
+    """Read ``path`` (or ``defaults`` when None), apply overrides, validate; with several instances (or
+    instance overrides), every instance's config too, so that every command refuses a bad sweep up front."""
     raw = read_yaml(path) if path is not None else copy.deepcopy(defaults or {})
     source = str(path) if path is not None else "<embedded default config>"
     if overrides:
         source += " (with --set overrides)"
-    return validate(schema, apply_overrides(raw, overrides), source)
+    cfg = validate(schema, apply_overrides(raw, overrides), source)
+    distributed = getattr(cfg, "distributed", None)
+    if isinstance(distributed, DistributedSection) and (distributed.instances > 1 or distributed.instance_overrides):
+        instance_configs(schema, cfg, source)
+    return cfg
 
 
-def instance_configs(schema: type[ConfigT], cfg: ConfigT) -> list[ConfigT]:
+def instance_configs(schema: type[ConfigT], cfg: ConfigT, source: str | None = None) -> list[ConfigT]:
     """The config of each of ``cfg.distributed.instances`` instances: ``train.seed + k``, then the instance's
-    ``distributed.instance_overrides`` entry; each validated (a ConfigError names the instance and the key)."""
+    ``distributed.instance_overrides`` entry; each validated (a ConfigError names ``source``, the config's file,
+    where given, the instance and the key)."""
     raw = config_to_dict(cfg)
+    prefix = f"{source}: " if source else ""
     out = []
     for k in range(cfg.distributed.instances):
-        source = f"distributed.instance_overrides[{k}]"
+        where = f"distributed.instance_overrides[{k}]"
         values = {"train.seed": cfg.train.seed + k, **(cfg.distributed.instance_overrides[k]
                                                       if cfg.distributed.instance_overrides else {})}
-        out.append(validate(schema, apply_values(raw, values, source), f"instance {k} ({source})"))
+        out.append(validate(schema, apply_values(raw, values, prefix + where), f"{prefix}instance {k} ({where})"))
     return out
 
 
