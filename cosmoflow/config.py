@@ -50,7 +50,8 @@ class CosmoDataSection(DataSection):
     apply_log: bool = Field(True, description="x -> log(1 + x); else x / mean(x)")
     augment: bool = Field(False, description="random flips and axis permutations (isotropy)")
     shuffle_buffer: NonNegativeInt = Field(0, description="sample shuffle buffer after reading (0: file shuffle only)")
-    stage_dir: str | None = Field(None, description="copy each rank's files here (node-local SSD, /dev/shm) before training")
+    stage_dir: str | None = Field(None, description="copy each rank's files here (node-local SSD, /dev/shm) before "
+                                  "training; $VARIABLES expanded there (/dev/shm/cosmoflow-${SLURM_JOB_ID}: per job)")
     stage_decompress: bool = Field(False, description="with stage_dir and compression: gzip, stage the training "
                                                       "files inflated (MLPerf's layout as raw samples read at their "
                                                       "offsets; others as TFRecords): no inflating per epoch")

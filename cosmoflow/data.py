@@ -365,7 +365,7 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
     data = cfg.data
     directory = pathlib.Path(data.data_dir) / split
     if data.format == "tfrecord":
-        files = list_files(directory, TFRECORD_PATTERNS, f"CosmoFlow {split} TFRecord")
+        files = list_files(directory, TFRECORD_PATTERNS, f"CosmoFlow {split} TFRecord", data.on_bad_file)
         files, found, problems = screen_files(files, _inspect_tfrecord(cfg), dist, data.on_bad_file, str(directory))
         layout = record_layout(files[0], cfg)
         resized = _check_record_sizes(cfg, files, found, layout)
@@ -383,7 +383,7 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
             chosen.append(f)
             total += counts[f]
         return chosen, used, None, problems, layout
-    files = list_files(directory, HDF5_PATTERNS, f"CosmoFlow {split} HDF5")
+    files = list_files(directory, HDF5_PATTERNS, f"CosmoFlow {split} HDF5", data.on_bad_file)
     files, found, problems = screen_files(files, lambda f: hdf5_layout(f, cfg), dist, data.on_bad_file, str(directory))
     layouts = {layout for _, layout in found.values()}
     if len(layouts) > 1:
@@ -621,7 +621,7 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     raw = raw_staged_format(cfg, layout) if data.stage_decompress else None   # (GZIP TFRecords, by the config)
     if data.stage_dir and data.format == "tfrecord":
         train_files = stage_files(train_files, data.stage_dir, dist, decompress=data.stage_decompress,
-                                  staged_format=raw)
+                                  staged_format=raw, data_dir=data.data_dir)
         train_compression = "none" if data.stage_decompress else data.compression
     raw_table = raw_sample_table(cfg, train_files, dist, layout) if raw else None
 

@@ -15,8 +15,11 @@ like ``unitPar`` in the MLPerf data.
 Output layout: ``DIR/train/`` and ``DIR/validation/``, one TFRecord file per
 sample (MLPerf layout: ``x`` int16 bytes, ``y`` float32[4]), or HDF5 files with
 ``full`` (counts, channels last) and ``unitPar``.  ``DIR`` must be absent or
-empty; it appears only when complete (written to a new folder beside it and
-renamed, :func:`common.storage.outputs.generated_folder`).
+empty (or a symbolic link to an empty folder, which is filled); it appears only
+when complete (written to a new folder beside it and renamed,
+:func:`common.storage.outputs.generated_folder`), and whatever would stop that
+(a link to nothing, a path under a file, a folder that cannot be written
+beside) is a one-line error before any sample is computed.
 """
 
 from __future__ import annotations

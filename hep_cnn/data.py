@@ -19,11 +19,17 @@ events in order cut by ``data.fractions``.
 
 from __future__ import annotations
 
+# The files of each split, told by a word in their names (data.split: by_name).
+SPLIT_NAMES = {"train": ("train",), "validation": ("val",), "test": ("test",)}
+
 # The data tools (subset, manifest, verify: common/tools/datatools.py) need no TensorFlow: run before it loads.
+# The splits share one folder: a subset draws its events from each split.
 if __name__ == "__main__":
     from common.tools.datatools import Layout, main
     raise SystemExit(main(Layout("HEP", ("*.h5", "*.hdf5"), rows_per_file=True,
-                                 count_datasets=("label", "all_events/y", "y")), prog="python -m hep_cnn.data"))
+                                 count_datasets=("label", "all_events/y", "y"),
+                                 split_tags=tuple(tag for tags in SPLIT_NAMES.values() for tag in tags)),
+                          prog="python -m hep_cnn.data"))
 
 import dataclasses
 import json
@@ -48,7 +54,6 @@ from hep_cnn.synth import dataset_present, generate_dataset
 log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
-SPLIT_NAMES = {"train": ("train",), "validation": ("val",), "test": ("test",)}
 LAYOUT_KEYS = {
     "all_events": {"images": ("all_events/hist", "all_events/histEM", "all_events/histtrack"),
                    "label": "all_events/y", "weight": "all_events/weight", "pass_sr": "all_events/passSR"},
@@ -109,7 +114,7 @@ def split_chunks(cfg: HepConfig, split: str, dist: Distributed | None = None,
     """The chunks of events (file, start, stop) that make up one split (bad files appended to ``problems``)."""
     data = cfg.data
     dist = dist or Distributed()
-    files = list_files(data.data_dir, ("*.h5", "*.hdf5"), "HEP event")
+    files = list_files(data.data_dir, ("*.h5", "*.hdf5"), "HEP event", data.on_bad_file)
     if data.split == "by_name":
         files = [f for f in files if any(tag in pathlib.Path(f).name for tag in SPLIT_NAMES[split])]
         if not files:
@@ -379,8 +384,8 @@ def check_data(cfg: HepConfig) -> tuple[int, list[str]]:
     """Read every event of every file; (files checked, every problem found)."""
     data = cfg.data
     problems: list[str] = []
-    try:
-        files = list_files(data.data_dir, ("*.h5", "*.hdf5"), "HEP event")
+    try:   # every entry listed: one that is no readable file is a problem of its own (check_quietly)
+        files = list_files(data.data_dir, ("*.h5", "*.hdf5"), "HEP event", on_bad_file="skip")
     except DataError as exc:
         return 0, [str(exc)]
     def check_file(path):

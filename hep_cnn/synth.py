@@ -163,7 +163,8 @@ def write_benchmark(path, images, labels, weights, pass_sr) -> None:
 def generate_dataset(out_dir, n_train: int, n_validation: int, n_test: int, image_size: int = 64,
                      signal_fraction: float = 0.5, events_per_file: int = 1000, seed: int = 2017,
                      layout: str = "all_events", progress: bool = True) -> pathlib.Path:
-    """Write train/val/test files into an absent or empty ``out_dir``; it appears only when complete."""
+    """Write train/val/test files into an absent or empty ``out_dir`` (or the empty folder it links to); it
+    appears only when complete (:func:`common.storage.outputs.generated_folder`)."""
     out_dir = pathlib.Path(out_dir)
     writer = write_all_events if layout == "all_events" else write_benchmark
     total = n_train + n_validation + n_test

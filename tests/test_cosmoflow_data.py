@@ -150,10 +150,10 @@ def test_bad_input_is_a_clear_error(tmp_path, case, pattern):
         build_datasets(config(tmp_path, **overrides), Distributed())
 
 
-def test_staging_copies_this_ranks_share(tmp_path):
+def test_staging_copies_this_ranks_share(tmp_path, tmp_path_factory):
     write_tfrecords(tmp_path / "train", make_samples(6, 8))
     write_tfrecords(tmp_path / "validation", make_samples(4, 9))
-    stage = tmp_path / "stage"
+    stage = tmp_path_factory.mktemp("stage")   # outside the data folder (tmp_path), as staging requires
     cfg = config(tmp_path, stage_dir=str(stage))
 
     class Rank1(Distributed):
@@ -170,10 +170,10 @@ def test_staging_copies_this_ranks_share(tmp_path):
 
 
 @pytest.mark.parametrize("per_file", [1, 3])
-def test_staging_decompressed_gives_the_network_the_gzip_originals_values(tmp_path, per_file):
+def test_staging_decompressed_gives_the_network_the_gzip_originals_values(tmp_path, tmp_path_factory, per_file):
     write_tfrecords(tmp_path / "train", make_samples(6, 8), per_file, gzip=True)
     write_tfrecords(tmp_path / "validation", make_samples(6, 9), per_file, gzip=True)
-    copied, inflated = tmp_path / "stage-copied", tmp_path / "stage-inflated"
+    copied, inflated = tmp_path_factory.mktemp("stage-copied"), tmp_path_factory.mktemp("stage-inflated")
     plain = build_datasets(config(tmp_path, compression="gzip", samples_per_file=per_file, stage_dir=str(copied)), Distributed())
     staged = build_datasets(config(tmp_path, compression="gzip", samples_per_file=per_file, stage_dir=str(inflated), stage_decompress=True),
                             Distributed())
@@ -206,18 +206,18 @@ def test_staging_decompressed_gives_the_network_the_gzip_originals_values(tmp_pa
     assert before == {p.name: p.stat().st_mtime_ns for p in (inflated / "rank-0").glob("*.raw")}
 
 
-def test_a_truncated_gzip_file_is_named_when_staging_inflates_it(tmp_path):
+def test_a_truncated_gzip_file_is_named_when_staging_inflates_it(tmp_path, tmp_path_factory):
     write_tfrecords(tmp_path / "train", make_samples(4, 8), gzip=True)
     write_tfrecords(tmp_path / "validation", make_samples(2, 9), gzip=True)
     victim = tmp_path / "train" / "part_0002.tfrecord.gz"
     victim.write_bytes(victim.read_bytes()[:-20])   # the GZIP trailer and some data gone
-    cfg = config(tmp_path, compression="gzip", stage_dir=str(tmp_path / "stage"), stage_decompress=True,
-                 on_bad_file="fail")
+    cfg = config(tmp_path, compression="gzip", stage_dir=str(tmp_path_factory.mktemp("stage")),
+                 stage_decompress=True, on_bad_file="fail")
     with pytest.raises(DataError, match=rf"{victim}: .*(corrupt|truncated)"):
         build_datasets(cfg, Distributed())
 
 
-def test_a_record_damaged_inside_a_sound_gzip_stream_is_named_when_staged_as_raw_samples(tmp_path):
+def test_a_record_damaged_inside_a_sound_gzip_stream_is_named_when_staged_as_raw_samples(tmp_path, tmp_path_factory):
     """The GZIP stream is whole (its own CRC is of the damaged bytes) but a record's payload no longer matches
     its TFRecord checksum: staging names the file and the record instead of writing a wrong sample."""
     import gzip as gz
@@ -228,7 +228,7 @@ def test_a_record_damaged_inside_a_sound_gzip_stream_is_named_when_staged_as_raw
     inflated = bytearray(gz.decompress(victim.read_bytes()))
     inflated[100] ^= 0xFF                                  # inside the first record's payload
     victim.write_bytes(gz.compress(bytes(inflated)))
-    cfg = config(tmp_path, compression="gzip", stage_dir=str(tmp_path / "stage"), stage_decompress=True)
+    cfg = config(tmp_path, compression="gzip", stage_dir=str(tmp_path_factory.mktemp("stage")), stage_decompress=True)
     with pytest.raises(DataError, match=rf"{victim}: corrupt TFRecord file \(bad data checksum of record 0\)"):
         build_datasets(cfg, Distributed())
 

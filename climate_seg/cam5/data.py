@@ -31,7 +31,7 @@ def screened_split(data, split: str, inspect, what: str, dist: Distributed | Non
     """(good files of ``data_dir/split`` in name order, what ``inspect`` said of each); bad ones
     appended to ``problems`` (or raised, with ``data.on_bad_file: fail``)."""
     directory = pathlib.Path(data.data_dir) / split
-    files = list_files(directory, ("*.h5",), f"{what} {split}")
+    files = list_files(directory, ("*.h5",), f"{what} {split}", data.on_bad_file)
     good, info, bad = screen_files(files, inspect, dist or Distributed(), data.on_bad_file, str(directory))
     if problems is not None:
         problems.extend(bad)

@@ -259,7 +259,8 @@ def write_netcdf(path: pathlib.Path, lat: np.ndarray, lon: np.ndarray, times_h: 
 
 
 def generate_dataset(out_dir, synth: SynthSection, progress: bool = True) -> dict[str, list[pathlib.Path]]:
-    """Write the train/validation/test netCDF files into an absent or empty ``out_dir``; returns them by split."""
+    """Write the train/validation/test netCDF files into an absent or empty ``out_dir`` (or the empty folder it
+    links to: :func:`common.storage.outputs.generated_folder`); returns them by split."""
     out_dir = pathlib.Path(out_dir)
     lat, lon = grid_coordinates(*synth.grid)
     counts = {"train": synth.n_train, "validation": synth.n_validation, "test": synth.n_test}

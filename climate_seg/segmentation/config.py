@@ -26,7 +26,8 @@ class ClimateDataSection(DataSection):
     augment: bool = Field(False, description="random longitude rolls (the globe is periodic in longitude)")
     read_parallelism: PositiveInt = Field(4, description="files read at once (GIL-free raw reads)")
     stage_dir: str | None = Field(None, description="copy each rank's training files here (node-local SSD, "
-                                  "/dev/shm) before training; each rank then keeps its share")
+                                  "/dev/shm) before training; each rank then keeps its share; $VARIABLES expanded "
+                                  "there (/dev/shm/climate_seg-${SLURM_JOB_ID}: a folder per job)")
     synth: SynthSection = Field(default_factory=SynthSection)
 
     @model_validator(mode="after")

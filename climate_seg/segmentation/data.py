@@ -292,7 +292,7 @@ def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
 
     staged = bool(data.stage_dir)
     if staged:
-        copies = stage_files([f.path for f in train_files], data.stage_dir, dist)
+        copies = stage_files([f.path for f in train_files], data.stage_dir, dist, data_dir=data.data_dir)
         train_files = [dataclasses.replace(f, path=c) for f, c in zip(train_files[dist.rank::dist.size], copies)]
 
     def train_epoch(epoch):

@@ -1,6 +1,7 @@
 """Data tools for a dataset folder in an application's published layout: a small reproducible subset to try
 things on, a sha256 manifest written once, and a parallel verification of a download against it (with every
-GZIP stream inflated, so a corrupt or truncated member is named even without a manifest).
+GZIP stream inflated and every HDF5 file's size checked against its superblock, so a corrupt or truncated file
+is named even without a manifest).
 
 Run through the application's data module, which knows which files hold samples::
 
@@ -8,25 +9,39 @@ Run through the application's data module, which knows which files hold samples:
     python -m climate_seg.cam5.data  manifest --from DIR --out FILE
     python -m hep_cnn.data           verify --from DIR [--manifest FILE] [--workers K]
 
+Every tool lists the folder the same way (:func:`list_folder`): every file under it, through symbolic links (a
+dataset made of links is read through them; the manifest records the link's path), and every entry that cannot
+be read as a file (a dangling link, a folder with a sample's name, a file without read permission, a link loop)
+named, never skipped.  ``subset`` and ``manifest`` refuse such a folder, ``verify`` names each entry; a folder
+with no files at all is refused by all three (exit 2).
+
 ``subset`` keeps the layout: in every folder that holds sample files, ``--n`` of them (drawn with ``--seed``
 from the sorted names, so the same call gives the same subset), every other file (statistics, README,
-normalisation files) copied as it is.  Where one file holds many samples (HEP's chunks), ``--n`` samples per
-folder are drawn the same way and written as HDF5 files of the same datasets and attributes, each dataset
-whose first axis counts the file's samples cut to the drawn rows.  The target must be absent or an empty
-folder (filled through a work folder renamed at the end), and neither inside the source nor holding it: the
-source folder is only ever read.
+normalisation files) copied as it is.  Where one file holds many samples (HEP's chunks), ``--n`` samples are
+drawn the same way and written as HDF5 files of the same datasets and attributes, each dataset whose first axis
+counts the file's samples cut to the drawn rows.  Where the splits share a folder (HEP's ``*train*``, ``*val*``,
+``*test*`` files: :attr:`Layout.split_tags`), ``--n`` are drawn from each split, so none is left empty.  An
+``--n`` above what a folder (or split) holds is refused, naming it and its count: a subset is never smaller
+than asked.  The target must be absent or an empty folder (or a link to one: filled through a work folder
+renamed at the end), and neither inside the source nor holding it: the source folder is only ever read.
+Everything is checked, and every HEP file's samples counted, before anything is written.
 
 ``manifest`` writes ``sha256sum``-compatible lines (``<hex>  <path relative to the folder>``), sorted, to a
 new file outside the folder (an existing one is refused: a manifest is written once).  ``verify`` re-reads
-every file in parallel threads with a progress bar; files that differ from the manifest, files it lists
-that are missing, and GZIP files that do not inflate to their end are each named on one line; any of them
-is exit 2.  Files the manifest does not list are reported, not failed.
+every file in parallel threads with a progress bar and names, one line each: files that differ from the
+manifest, files it lists that are missing, GZIP files that do not inflate to their end, HDF5 files shorter
+than their superblock says (cut) or without the HDF5 signature, and entries that are no readable files.
+Against a manifest it says how many files the manifest lists and the folder holds; an empty manifest verifies
+nothing and is refused, and sample files the manifest does not list are a problem (counted, the first few
+named): a partial manifest says nothing about them, so it cannot call the folder verified.  Other files it does
+not list (a README, notes) are noted.  Any problem is exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import fnmatch
 import hashlib
@@ -39,32 +54,97 @@ import zlib
 import numpy as np
 
 from common.errors import EXIT_BAD_INPUT, UserInputError
+from common.storage.sample_files import bad_entries_message, entry_problem
 
 CHUNK_BYTES = 4 << 20
 GZIP_MAGIC = b"\x1f\x8b"
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+HDF5_NAMES = (".h5", ".hdf5")   # files that must be HDF5 (a .nc file may be netCDF-3, which is not)
+NAMED_AT_MOST = 3   # names listed in a one-line message before the rest are counted
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Which files of a dataset folder hold samples: ``patterns`` but not ``exclude`` (fnmatch on the file
     name); with ``rows_per_file``, each such file is HDF5 holding many samples along the first axis of its
-    datasets, counted by the first of ``count_datasets`` it has."""
+    datasets, counted by the first of ``count_datasets`` it has.  ``split_tags``: where the splits share one
+    folder, the words in a file's name that tell its split (the first one found; files with none are a group of
+    their own)."""
 
     name: str
     patterns: tuple[str, ...]
     exclude: tuple[str, ...] = ()
     rows_per_file: bool = False
     count_datasets: tuple[str, ...] = ()
+    split_tags: tuple[str, ...] = ()
 
     def is_sample(self, path: pathlib.Path) -> bool:
         return any(fnmatch.fnmatch(path.name, pattern) for pattern in self.patterns) and \
             not any(fnmatch.fnmatch(path.name, pattern) for pattern in self.exclude)
 
+    def split_of(self, path: pathlib.Path) -> str | None:
+        return next((tag for tag in self.split_tags if tag in path.name), None)
 
-def _files(folder: pathlib.Path) -> list[pathlib.Path]:
-    """Every regular file under ``folder``, sorted by relative path (links are not followed)."""
-    found = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
-    return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
+
+@dataclasses.dataclass
+class Listing:
+    """What a dataset folder holds: ``files`` (regular files, and links to them), sorted by their path relative
+    to ``root``; ``bad``: (path, problem) of every entry that cannot be read as a file."""
+
+    root: pathlib.Path
+    files: list[pathlib.Path]
+    bad: list[tuple[pathlib.Path, str]]
+
+    def relative(self, path: pathlib.Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+
+def list_folder(folder: pathlib.Path, layout: Layout | None = None) -> Listing:
+    """Every file under ``folder``, through symbolic links to files and to folders (as ``find -L`` does: a
+    folder reached by two paths is listed under both; a link back to a folder above it is a loop, named); every
+    entry that is no readable file (:func:`common.storage.sample_files.entry_problem`), a folder that cannot be
+    read, and a folder that bears a sample file's name under ``layout`` are named in ``bad``."""
+    files: list[pathlib.Path] = []
+    bad: list[tuple[pathlib.Path, str]] = []
+    real_paths: dict[pathlib.Path, str] = {}   # each folder walked: where it really is
+
+    def unreadable(exc: OSError) -> None:
+        bad.append((pathlib.Path(exc.filename), f"a folder that cannot be read ({exc.strerror})"))
+
+    for top, folders, names in os.walk(folder, onerror=unreadable, followlinks=True):
+        here = pathlib.Path(top)
+        real = real_paths[here] = os.path.realpath(here)
+        above = here.parents[:len(here.relative_to(folder).parts)]
+        if real in {real_paths[parent] for parent in above}:
+            bad.append((here, f"a symbolic link to {real}, a folder above it (a loop)"))
+            folders[:] = []
+            continue
+        for name in sorted(folders):
+            if layout is not None and layout.is_sample(here / name):
+                bad.append((here / name, f"a folder with a {layout.name} sample file's name"))
+                folders.remove(name)
+        for name in names:
+            problem = entry_problem(here / name)
+            if problem:
+                bad.append((here / name, problem))
+            else:
+                files.append(here / name)
+    listing = Listing(folder, [], [])
+    listing.files = sorted(files, key=listing.relative)
+    listing.bad = sorted(bad, key=lambda entry: listing.relative(entry[0]))
+    return listing
+
+
+def readable_listing(folder: pathlib.Path, layout: Layout | None, consequence: str) -> Listing:
+    """:func:`list_folder`, refused (one line, ending in ``consequence``) when an entry cannot be read as a file
+    or when the folder holds no file at all."""
+    listing = list_folder(folder, layout)
+    if listing.bad:
+        raise UserInputError(bad_entries_message([(str(path), problem) for path, problem in listing.bad])
+                             + f"; {consequence}")
+    if not listing.files:
+        raise UserInputError(f"{folder}: holds no files; {consequence}")
+    return listing
 
 
 def _check_apart(source: pathlib.Path, target: pathlib.Path, what: str) -> None:
@@ -81,41 +161,77 @@ def _source_folder(path) -> pathlib.Path:
     return folder
 
 
+def _names(names: list[str]) -> str:
+    """``a, b, c, ...`` (the first few of ``names``)."""
+    return ", ".join(names[:NAMED_AT_MOST]) + (", ..." if len(names) > NAMED_AT_MOST else "")
+
+
 # -- subset -------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Draw:
+    """One folder's (or, with split tags, one split's) samples and the ones drawn: indices into ``samples``,
+    or with rows per file, row numbers over the files in order (``rows[i]``: the rows of ``samples[i]``)."""
+
+    where: str
+    samples: list[pathlib.Path]
+    rows: list[int] | None
+    chosen: np.ndarray
+
 
 def subset(layout: Layout, source, target, n: int, seed: int = 0) -> dict:
     """Write the subset of ``source`` into ``target`` (see the module's docstring); what was written."""
-    # deferred: h5py and the folder writer only for the subset
-    from common.storage.outputs import generated_folder
+    # deferred: the folder writer only for the subset
+    from common.storage.outputs import generated_folder, require_fillable
 
     source, target = _source_folder(source), pathlib.Path(target)
     if n < 1:
         raise UserInputError(f"--n {n}: expected a positive number of samples per folder")
     _check_apart(source, target, "--to")
-    files = _files(source)
-    folders: dict[pathlib.Path, list[pathlib.Path]] = {}
-    for path in files:
+    require_fillable(target, f"a {layout.name} subset")
+    listing = readable_listing(source, layout, "nothing was written")
+    groups: dict[tuple[str, str], list[pathlib.Path]] = {}
+    for path in listing.files:
         if layout.is_sample(path):
-            folders.setdefault(path.parent, []).append(path)
-    if not folders:
+            groups.setdefault((listing.relative(path.parent), layout.split_of(path) or ""), []).append(path)
+    if not groups:
         raise UserInputError(f"{source}: no {layout.name} sample files ({', '.join(layout.patterns)}) found")
+    draws = [_draw(layout, folder, tag, samples, source, n, seed) for (folder, tag), samples in sorted(groups.items())]
     report = {"source": str(source), "target": str(target), "seed": seed, "samples": {}, "copied": []}
     with generated_folder(target, f"a {layout.name} subset") as work:
-        for path in files:
+        for path in listing.files:
             if not layout.is_sample(path):
-                _copy(path, work / path.relative_to(source))
-                report["copied"].append(path.relative_to(source).as_posix())
-        for folder, samples in sorted(folders.items()):
-            rng = np.random.default_rng([seed, zlib.crc32(folder.relative_to(source).as_posix().encode())])
-            where = folder.relative_to(source).as_posix()
-            if layout.rows_per_file:
-                report["samples"][where] = _subset_rows(layout, samples, source, work, n, rng)
+                _copy(path, work / listing.relative(path))
+                report["copied"].append(listing.relative(path))
+        for draw in draws:
+            if draw.rows is None:
+                for index in draw.chosen:
+                    _copy(draw.samples[index], work / listing.relative(draw.samples[index]))
             else:
-                chosen = sorted(rng.permutation(len(samples))[:n])
-                for index in chosen:
-                    _copy(samples[index], work / samples[index].relative_to(source))
-                report["samples"][where] = len(chosen)
+                starts = np.concatenate([[0], np.cumsum(draw.rows)])
+                for i, path in enumerate(draw.samples):
+                    rows = draw.chosen[(draw.chosen >= starts[i]) & (draw.chosen < starts[i + 1])] - starts[i]
+                    if len(rows):
+                        _write_rows(path, work / listing.relative(path), rows, draw.rows[i])
+            report["samples"][draw.where] = len(draw.chosen)
     return report
+
+
+def _draw(layout: Layout, folder: str, tag: str, samples: list[pathlib.Path], source: pathlib.Path, n: int,
+          seed: int) -> Draw:
+    """``n`` of the group's samples drawn with ``seed`` (and the group's name: each group its own draw); more
+    than the group holds is refused, naming it and its count."""
+    where = (f"*{tag}*" if folder == "." else f"{folder}/*{tag}*") if tag else folder
+    rng = np.random.default_rng([seed, zlib.crc32(where.encode())])
+    rows = [_row_count(layout, path) for path in samples] if layout.rows_per_file else None
+    available = sum(rows) if rows is not None else len(samples)
+    if n > available:
+        place = source / folder if not tag else f"{source / folder} (its *{tag}* files)"
+        per = "per folder and split" if layout.split_tags else "per folder"
+        raise UserInputError(f"{place}: --n {n}, but it holds {available} {layout.name} sample(s); --n counts "
+                             f"samples {per} and a subset is never smaller than asked: ask for at most "
+                             f"{available}; nothing was written")
+    return Draw(where, samples, rows, np.sort(rng.permutation(available)[:n]))
 
 
 def _copy(source: pathlib.Path, destination: pathlib.Path) -> None:
@@ -123,46 +239,57 @@ def _copy(source: pathlib.Path, destination: pathlib.Path) -> None:
     shutil.copyfile(source, destination)
 
 
-def _subset_rows(layout: Layout, samples: list[pathlib.Path], source: pathlib.Path, work: pathlib.Path, n: int,
-                 rng: np.random.Generator) -> int:
-    """``n`` rows drawn over the folder's files in order; each file with drawn rows written with them."""
+@contextlib.contextmanager
+def _hdf5_errors(path: pathlib.Path, what: str):
+    """h5py's errors inside the block (a truncated or damaged file: OSError; a dataset it cannot read: also
+    KeyError, ValueError) become one line naming ``path``: ``<path>: <what> (<h5py's first line>)``."""
+    try:
+        yield
+    except UserInputError:
+        raise
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserInputError(f"{path}: {what} ({detail})") from None
+
+
+def _row_count(layout: Layout, path: pathlib.Path) -> int:
+    """The samples one HDF5 file holds: the length of the first of ``layout.count_datasets`` it has."""
     # deferred: h5py only where a layout keeps many samples per file
     import h5py
 
-    counts = []
-    for path in samples:
-        with h5py.File(path, "r") as handle:
-            found = [name for name in layout.count_datasets if name in handle]
-            if not found:
-                raise UserInputError(f"{path}: none of the datasets {', '.join(layout.count_datasets)}; expected "
-                                     f"the {layout.name} layout")
-            counts.append(len(handle[found[0]]))
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    chosen = np.sort(rng.permutation(int(starts[-1]))[:n])
-    for i, path in enumerate(samples):
-        rows = chosen[(chosen >= starts[i]) & (chosen < starts[i + 1])] - starts[i]
-        if len(rows):
-            _write_rows(path, work / path.relative_to(source), rows, counts[i])
-    return len(chosen)
+    with _hdf5_errors(path, f"not a readable HDF5 file of the {layout.name} layout"), h5py.File(path, "r") as handle:
+        found = [name for name in layout.count_datasets if name in handle]
+        if not found:
+            raise UserInputError(f"{path}: none of the datasets {', '.join(layout.count_datasets)}; expected "
+                                 f"the {layout.name} layout")
+        return len(handle[found[0]])
 
 
 def _write_rows(source: pathlib.Path, destination: pathlib.Path, rows: np.ndarray, count: int) -> None:
+    """``rows`` of every dataset of ``source`` whose first axis has ``count`` entries (the others whole) into
+    the new HDF5 file ``destination``, with the same attributes and compression."""
     # deferred: h5py only where a layout keeps many samples per file
     import h5py
 
+    unreadable, unwritable = "not a readable HDF5 file", "cannot be written"
     destination.parent.mkdir(parents=True, exist_ok=True)
-    with h5py.File(source, "r") as reader, h5py.File(destination, "w") as writer:
+    with _hdf5_errors(source, unreadable), h5py.File(source, "r") as reader, \
+            _hdf5_errors(destination, unwritable), h5py.File(destination, "w") as writer:
         writer.attrs.update(dict(reader.attrs))
 
         def visit(name, item):
-            if isinstance(item, h5py.Group):
-                writer.require_group(name).attrs.update(dict(item.attrs))
-                return
-            data = item[rows] if item.shape and item.shape[0] == count else item[()]
-            kwargs = {"compression": item.compression, "compression_opts": item.compression_opts,
-                      "shuffle": item.shuffle} if item.compression and item.shape else {}
-            copy = writer.create_dataset(name, data=data, dtype=item.dtype, **kwargs)
-            copy.attrs.update(dict(item.attrs))
+            with _hdf5_errors(source, f"{unreadable}: dataset {name}"):
+                attrs = dict(item.attrs)
+                if not isinstance(item, h5py.Group):
+                    data = item[rows] if item.shape and item.shape[0] == count else item[()]
+            with _hdf5_errors(destination, unwritable):
+                if isinstance(item, h5py.Group):
+                    writer.require_group(name).attrs.update(attrs)
+                    return
+                kwargs = {"compression": item.compression, "compression_opts": item.compression_opts,
+                          "shuffle": item.shuffle} if item.compression and item.shape else {}
+                copy = writer.create_dataset(name, data=data, dtype=item.dtype, **kwargs)
+                copy.attrs.update(attrs)
 
         reader.visititems(visit)
 
@@ -178,15 +305,16 @@ class FileCheck:
 
 def check_file(path: pathlib.Path, inflate: bool = True) -> FileCheck:
     """sha256 of ``path``; a GZIP file (by its magic bytes) is also inflated to its end, member by member, so
-    that a corrupt member (zlib's CRC-32 and length checks) or a truncated one is the file's problem."""
+    that a corrupt member (zlib's CRC-32 and length checks) or a truncated one is the file's problem; an HDF5
+    file (by its signature, or its name) is checked against its superblock (:func:`hdf5_problem`)."""
     digest = hashlib.sha256()
-    gzipped, inflater, position, problem = False, None, 0, None   # inflater None: at a member's start
+    gzipped, inflater, position, problem, head = False, None, 0, None, b""   # inflater None: at a member's start
     try:
         with open(path, "rb") as handle:
             while chunk := handle.read(CHUNK_BYTES):
                 digest.update(chunk)
                 if position == 0:
-                    gzipped = inflate and chunk[:2] == GZIP_MAGIC
+                    gzipped, head = inflate and chunk[:2] == GZIP_MAGIC, chunk
                 data = chunk if gzipped and problem is None else b""
                 offset = position
                 while data:
@@ -211,7 +339,44 @@ def check_file(path: pathlib.Path, inflate: bool = True) -> FileCheck:
         return FileCheck(str(path), problem=f"cannot be read ({exc.strerror or exc})")
     if problem is None and inflater is not None:
         problem = f"truncated GZIP member (the file ends at byte {position}, inside it)"
+    if problem is None and not gzipped:
+        problem = hdf5_problem(head, position, pathlib.Path(path).suffix.lower() in HDF5_NAMES)
     return FileCheck(str(path), digest.hexdigest(), problem)
+
+
+# Where a superblock keeps its "size of offsets" byte and its first address (the base address, followed by one
+# other address, then the end-of-file address), by superblock version (the HDF5 file format specification, II.A).
+SUPERBLOCK_FIELDS = {0: (13, 24), 1: (13, 28), 2: (9, 12), 3: (9, 12)}
+
+
+def hdf5_problem(head: bytes, size: int, must_be_hdf5: bool) -> str | None:
+    """What the superblock of an HDF5 file says is wrong with it, from its first bytes ``head`` and its
+    ``size``: a file shorter than the end-of-file address the superblock records (cut in a copy or a download,
+    what the HDF5 library refuses to open as "truncated file"), or a ``must_be_hdf5`` file (named ``.h5``,
+    ``.hdf5``) without the signature.  A changed byte inside is found only against a manifest: HDF5 keeps no
+    checksum of its data unless written with Fletcher-32."""
+    offset = 0   # the signature is at byte 0, or after a user block of 512, 1024, 2048, ... bytes
+    while offset + len(HDF5_SIGNATURE) <= len(head) and head[offset:offset + len(HDF5_SIGNATURE)] != HDF5_SIGNATURE:
+        offset = 512 if offset == 0 else offset * 2
+    if offset + len(HDF5_SIGNATURE) > len(head):
+        return (f"no HDF5 signature (at byte 0, or 512, 1024, ... after a user block) in its {size} bytes: not an "
+                "HDF5 file, or its start is damaged") if must_be_hdf5 else None
+    version = head[offset + 8] if offset + 8 < len(head) else None
+    if version not in SUPERBLOCK_FIELDS:
+        return None if version is not None else "truncated HDF5 file (it ends inside its superblock)"
+    sizes_at, addresses_at = SUPERBLOCK_FIELDS[version]
+    if offset + sizes_at >= len(head):
+        return "truncated HDF5 file (it ends inside its superblock)"
+    width = head[offset + sizes_at]
+    if width not in (2, 4, 8, 16, 32):
+        return f"a damaged HDF5 superblock (addresses of {width} bytes)"
+    end_at = offset + addresses_at + 2 * width
+    if end_at + width > len(head):
+        return "truncated HDF5 file (it ends inside its superblock)"
+    end = int.from_bytes(head[end_at:end_at + width], "little")
+    if end != (1 << 8 * width) - 1 and size < end:   # all ones: an undefined address
+        return f"truncated HDF5 file: its superblock puts its end at byte {end}, the file ends at byte {size}"
+    return None
 
 
 def check_files(paths: list[pathlib.Path], workers: int, progress: bool) -> list[FileCheck]:
@@ -232,8 +397,9 @@ def check_files(paths: list[pathlib.Path], workers: int, progress: bool) -> list
     return results   # type: ignore[return-value]
 
 
-def write_manifest(source, out, workers: int = 0, progress: bool = True) -> int:
-    """sha256 lines of every file under ``source`` into the new file ``out``; the number of files."""
+def write_manifest(source, out, workers: int = 0, progress: bool = True, layout: Layout | None = None) -> int:
+    """sha256 lines of every file under ``source`` into the new file ``out``; the number of files.  Refused
+    when an entry cannot be read as a file, a file is corrupt, or there is no file (a manifest of nothing)."""
     # deferred: the atomic writer only for the manifest
     from common.storage.outputs import atomic_path
 
@@ -241,12 +407,12 @@ def write_manifest(source, out, workers: int = 0, progress: bool = True) -> int:
     _check_apart(source, out, "--out")
     if out.exists() or out.is_symlink():
         raise UserInputError(f"{out}: exists; a manifest is written once (verify against it, or name a new file)")
-    paths = _files(source)
-    results = check_files(paths, workers or default_workers(), progress)
+    listing = readable_listing(source, layout, "no manifest written")
+    results = check_files(listing.files, workers or default_workers(), progress)
     bad = [r for r in results if r.problem]
     if bad:
         raise UserInputError("; ".join(f"{r.path}: {r.problem}" for r in bad) + "; no manifest written")
-    lines = [f"{r.sha256}  {p.relative_to(source).as_posix()}\n" for p, r in zip(paths, results)]
+    lines = [f"{r.sha256}  {listing.relative(p)}\n" for p, r in zip(listing.files, results)]
     with atomic_path(out, suffix=".sha256") as temporary:
         pathlib.Path(temporary).write_text("".join(lines))
     return len(lines)
@@ -257,8 +423,8 @@ def read_manifest(path) -> dict[str, str]:
     entries = {}
     try:
         text = path.read_text()
-    except OSError as exc:
-        raise UserInputError(f"{path}: --manifest cannot be read ({exc.strerror})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"{path}: --manifest cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
     for number, line in enumerate(text.splitlines(), 1):
         digest, _, name = line.partition("  ")
         if len(digest) != 64 or not name or any(c not in "0123456789abcdef" for c in digest):
@@ -267,22 +433,50 @@ def read_manifest(path) -> dict[str, str]:
     return entries
 
 
-def verify(source, manifest=None, workers: int = 0, progress: bool = True) -> tuple[list[str], list[str], int]:
-    """(problems, one line each; files present but not listed; files checked)."""
+@dataclasses.dataclass
+class Verdict:
+    """What :func:`verify` found: ``problems`` (one line each), ``notes`` (files the manifest does not list
+    that hold no samples), ``checked`` (files read whole), ``listed`` (files the manifest lists; None without
+    one)."""
+
+    problems: list[str]
+    notes: list[str]
+    checked: int
+    listed: int | None
+
+
+def verify(source, manifest=None, workers: int = 0, progress: bool = True, layout: Layout | None = None) -> Verdict:
+    """Every file under ``source`` read whole, and compared with ``manifest`` when given (see the module's
+    docstring).  ``layout`` tells sample files from others (without it, every file counts as a sample)."""
     source = _source_folder(source)
-    listed = read_manifest(manifest) if manifest else {}
-    present = _files(source)
-    names = [p.relative_to(source).as_posix() for p in present]
-    results = check_files(present, workers or default_workers(), progress)
-    problems = [f"{r.path}: {r.problem}" for r in results if r.problem]
-    if manifest:
+    listed = read_manifest(manifest) if manifest else None
+    if listed is not None and not listed:
+        raise UserInputError(f"{manifest}: lists no files; an empty manifest verifies nothing (write one with "
+                             "manifest --from DIR --out FILE)")
+    listing = list_folder(source, layout)
+    if not listing.files and not listing.bad:
+        raise UserInputError(f"{source}: holds no files; nothing to verify"
+                             + (f" against the {len(listed)} file(s) {manifest} lists" if listed else ""))
+    problems = [f"{path}: {problem}" for path, problem in listing.bad]
+    results = check_files(listing.files, workers or default_workers(), progress)
+    problems += [f"{r.path}: {r.problem}" for r in results if r.problem]
+    notes: list[str] = []
+    if listed is not None:
+        names = [listing.relative(p) for p in listing.files]
         for name, result in zip(names, results):
             if name in listed and result.sha256 and result.sha256 != listed[name]:
                 problems.append(f"{source / name}: sha256 {result.sha256[:16]}... differs from the manifest's "
                                 f"{listed[name][:16]}...")
-        problems += [f"{source / name}: listed in {manifest} but missing" for name in sorted(set(listed) - set(names))]
-    extra = sorted(set(names) - set(listed)) if manifest else []
-    return problems, extra, len(present)
+        named = set(names) | {listing.relative(path) for path, _ in listing.bad}   # a bad entry is named above
+        problems += [f"{source / name}: listed in {manifest} but missing" for name in sorted(set(listed) - named)]
+        unlisted = sorted(set(names) - set(listed))
+        samples = [name for name in unlisted if layout is None or layout.is_sample(pathlib.Path(name))]
+        if samples:
+            problems.append(f"{source}: {len(samples)} sample file(s) that {manifest} does not list "
+                            f"({_names(samples)}); a partial manifest verifies nothing about them (write a "
+                            "manifest of the whole folder)")
+        notes = [name for name in unlisted if name not in samples]
+    return Verdict(problems, notes, len(listing.files), len(listed) if listed is not None else None)
 
 
 def default_workers() -> int:
@@ -297,13 +491,15 @@ def main(layout: Layout, argv=None, prog: str = "") -> int:
     part = commands.add_parser("subset", help="a small reproducible subset in the same layout")
     part.add_argument("--from", dest="source", required=True)
     part.add_argument("--to", dest="target", required=True)
-    part.add_argument("--n", type=int, required=True, help="samples per folder")
+    part.add_argument("--n", type=int, required=True,
+                      help="samples per folder (and per split where splits share a folder)")
     part.add_argument("--seed", type=int, default=0)
     make = commands.add_parser("manifest", help="sha256 of every file, written once to a new file")
     make.add_argument("--from", dest="source", required=True)
     make.add_argument("--out", required=True)
     make.add_argument("--workers", type=int, default=0)
-    check = commands.add_parser("verify", help="re-read every file: against a manifest, and GZIP streams whole")
+    check = commands.add_parser("verify", help="re-read every file: against a manifest, GZIP streams and HDF5 "
+                                "files whole")
     check.add_argument("--from", dest="source", required=True)
     check.add_argument("--manifest")
     check.add_argument("--workers", type=int, default=0)
@@ -313,24 +509,40 @@ def main(layout: Layout, argv=None, prog: str = "") -> int:
     try:
         if args.command == "subset":
             report = subset(layout, args.source, args.target, args.n, args.seed)
-            per_folder = ", ".join(f"{k or '.'}: {v}" for k, v in report["samples"].items())
+            per_folder = ", ".join(f"{k}: {v}" for k, v in report["samples"].items())
             print(f"subset of {report['source']} in {report['target']} (seed {args.seed}): samples {per_folder}; "
                   f"{len(report['copied'])} other file(s) copied")
         elif args.command == "manifest":
-            count = write_manifest(args.source, args.out, args.workers, not args.no_progress)
+            count = write_manifest(args.source, args.out, args.workers, not args.no_progress, layout)
             print(f"{args.out}: sha256 of {count} file(s) under {args.source}")
         else:
-            problems, extra, count = verify(args.source, args.manifest, args.workers, not args.no_progress)
-            for name in extra:
-                print(f"note: {name} is not in the manifest (not checked against it)", file=sys.stderr)
-            for line in problems:
-                print(f"error: {line}", file=sys.stderr)
-            if problems:
-                print(f"verify: {len(problems)} problem(s) in {count} file(s) under {args.source}", file=sys.stderr)
-                return EXIT_BAD_INPUT
-            print(f"verify: {count} file(s) under {args.source} read whole"
-                  + (f", every one listed in {args.manifest} matching it" if args.manifest else ""))
+            return report_verdict(verify(args.source, args.manifest, args.workers, not args.no_progress, layout),
+                                  args.source, args.manifest)
     except UserInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:   # the disk the subset or manifest is written to (full, gone), said in one line
+        print(f"error: {exc.filename or args.source}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+def report_verdict(verdict: Verdict, source: str, manifest: str | None) -> int:
+    """Print what :func:`verify` found; its exit code."""
+    for name in verdict.notes:
+        print(f"note: {name} is not in the manifest (not checked against it)", file=sys.stderr)
+    for line in verdict.problems:
+        print(f"error: {line}", file=sys.stderr)
+    against = f"; {manifest} lists {verdict.listed}" if manifest else ""
+    if verdict.problems:
+        print(f"verify: {len(verdict.problems)} problem(s); {verdict.checked} file(s) under {source}{against}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if manifest:
+        others = f"; {len(verdict.notes)} other file(s) it does not list (noted above)" if verdict.notes else ""
+        print(f"verify: {verdict.checked} file(s) under {source} read whole; {manifest} lists {verdict.listed}, "
+              f"each present and matching{others}")
+    else:
+        print(f"verify: {verdict.checked} file(s) under {source} read whole (GZIP streams inflated, HDF5 files "
+              "checked against their superblocks; no manifest: contents not compared)")
     return 0

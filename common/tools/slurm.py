@@ -5,9 +5,10 @@
 
 ``env`` prints ``export`` lines for the Horovod knobs of the config's
 ``distributed`` section, and ``STAGE_DIR=...`` (empty when the config asks
-for no staging).  ``stage`` builds the datasets once, which copies each
-rank's share of the training files to ``data.stage_dir`` in parallel; the
-training step that follows finds them in place and copies nothing.
+for no staging; its ``$VARIABLES``, such as ``${SLURM_JOB_ID}``, expanded).
+``stage`` builds the datasets once, which copies each rank's share of the
+training files to ``data.stage_dir`` in parallel; the training step that
+follows finds them in place, checks them, and copies nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import shlex
 
 from common.console import logs
 from common.cli import exit_on_user_error, exit_process, find_application
-from common.config import load_config
+from common.config import expand_environment, load_config
 
 # Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
 # config errors answer without it.
@@ -50,7 +51,8 @@ def main(argv=None) -> int:
         if args.command == "env":
             for key, value in horovod_environment(cfg).items():
                 print(f"export {key}={shlex.quote(value)}")
-            print(f"STAGE_DIR={shlex.quote(getattr(cfg.data, 'stage_dir', None) or '')}")
+            stage_dir = getattr(cfg.data, "stage_dir", None)   # with its $VARIABLES expanded, as staging does
+            print(f"STAGE_DIR={shlex.quote(expand_environment(stage_dir, 'data.stage_dir') if stage_dir else '')}")
             return 0
         # deferred: TensorFlow and Horovod; `env` (run inside the batch script) must not load them
         from common import distributed
@@ -64,7 +66,8 @@ def main(argv=None) -> int:
         dist.world_barrier()   # every rank of the job (of every instance) before any leaves
         if dist.world_rank == 0:   # with distributed.instances, every instance staged its own shares
             instances = f" in {dist.instances} instances" if dist.instances > 1 else ""
-            print(f"staged the training files of {dist.world_size} rank(s){instances} to {cfg.data.stage_dir} "
+            stage_dir = expand_environment(cfg.data.stage_dir, "data.stage_dir")
+            print(f"staged the training files of {dist.world_size} rank(s){instances} to {stage_dir} "
                   f"({datasets.train_samples} samples per epoch)", flush=True)
     return 0
 
