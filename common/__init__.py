@@ -4,10 +4,13 @@ training loop.  Nothing in here knows which science it is training."""
 
 from common.console import cpu as _cpu
 from common.console import quiet as _quiet
+from common.storage import scratch as _scratch
 
 # Both before TensorFlow is imported, which every entry point does after importing this package.
 # TensorFlow's C++ start-up chatter (oneDNN, CPU feature notices) drowns the training output of every
 # rank; errors still show, and a TF_CPP_MIN_LOG_LEVEL the user set wins (common/console/quiet.py).
 _quiet.install()
+# Temporary files (TensorFlow's AutoGraph sources among them) in a folder of this process's, removed at its end.
+_scratch.install()
 # oneDNN kernels on every x86 CPU, not only where TensorFlow enables them by default (common/console/cpu.py).
 _cpu.enable_onednn()

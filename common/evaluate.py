@@ -48,6 +48,11 @@ def load_run(run_dir, schema, data_dir: str | None = None):
     import keras   # deferred: Keras, so TensorFlow; --help and argument errors answer without it
 
     run_dir = pathlib.Path(run_dir)
+    found = outputs.run_kind(run_dir)
+    if found is not None and found[0] == "instances":
+        count = outputs.recorded_instances(found[1])
+        raise UserInputError(f"{run_dir}: holds a job of {count or 'several'} instances, each a run of its own: "
+                             f"evaluate one with --run-dir {run_dir / 'instance-0'} (up to instance-{(count or 2) - 1})")
     for required in ("config.yaml", "model.keras"):
         if not (run_dir / required).is_file():
             raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")

@@ -21,12 +21,15 @@ one went non-finite, else 0.
 
 from __future__ import annotations
 
+import logging
 import pathlib
 
 from common.config import instance_configs
 from common.console import logs
 from common.errors import EXIT_NONFINITE, EXIT_PREEMPTED, UserInputError
 from common.storage import outputs
+
+log = logging.getLogger(__name__)
 
 INSTANCES_JSON = "instances.json"
 # How a lone run's exit code reads as an instance's outcome; any other code ends the job as it would end a run.
@@ -37,15 +40,28 @@ def instance_dir(output_dir, k: int) -> pathlib.Path:
     return pathlib.Path(output_dir) / f"instance-{k}"
 
 
-def claim_parent(app, output_dir: pathlib.Path, instances: int, resume: bool, force: bool) -> str | None:
-    """World rank 0, before any instance writes: the job's folder holds nothing but this suite's runs
-    (None), or the one-line reason it is refused.  Marks it as the suite's, listing what the job writes."""
+def claim_parent(app, output_dir: pathlib.Path, instances: int, resume: bool, force: bool,
+                 lock_holder: list) -> str | None:
+    """World rank 0, before any instance writes: the job's folder holds nothing but this suite's job of
+    ``instances`` instances (None), or the one-line reason it is refused.  Takes the folder's lock (into
+    ``lock_holder``, held for the job's life: a second job, or a lone run, on the folder is refused), then
+    marks it as a job's, listing what the job writes."""
     try:
+        outputs.check_writable_folder(output_dir, "--output-dir")
         outputs.check_run_dir(output_dir, resume, force)
+        outputs.check_run_kind(output_dir, "instances", resume, instances)
         outputs.check_run_files(output_dir, [INSTANCES_JSON], force)
-        outputs.mark_run_dir(output_dir, app.name, files=[INSTANCES_JSON, *[f"instance-{k}/" for k in range(instances)]])
+        output_dir.mkdir(parents=True, exist_ok=True)
+        lock = outputs.RunDirLock(output_dir, f"{app.name}.train (distributed.instances={instances})").acquire()
+        lock_holder.append(lock)
+        if lock.warning:
+            log.warning(lock.warning)
+        outputs.mark_run_dir(output_dir, app.name, files=[INSTANCES_JSON, *[f"instance-{k}/" for k in range(instances)]],
+                             kind="instances", instances=instances)
     except UserInputError as exc:
         return str(exc)
+    except OSError as exc:
+        return f"{output_dir}: --output-dir cannot be prepared ({exc.strerror})"
     return None
 
 
@@ -56,22 +72,28 @@ def run_instances(app, cfg, dist, output_dir, train_one, resume: bool = False, f
     configs = instance_configs(app.config_schema, cfg)   # every instance's config checked, on every rank
     k = dist.instance_index
     logs.configure(dist.rank, dist.size, ("common", app.package), instance=k)
-    refusal = claim_parent(app, output_dir, cfg.distributed.instances, resume, force) if dist.world_rank == 0 else None
-    refusal = dist.world_allgather_object(refusal)[0]
-    if refusal is not None:
-        raise UserInputError(refusal)
-    code, summary, reason = train_one(app, configs[k], dist, instance_dir(output_dir, k))
-    if code not in OUTCOMES:
-        return code
-    records = dist.world_allgather_object({"instance": k, "rank": dist.rank, "exit_code": code, "reason": reason,
-                                           "summary": summary if dist.rank == 0 else None})
-    report = summarize(cfg, records, output_dir)
-    if dist.world_rank == 0:
-        outputs.write_json(output_dir / INSTANCES_JSON, report, f"{app.name}.train", force=force)
-        print(table(report), flush=True)
-    # No rank leaves before the report is written: a launcher ends the whole job at the first non-zero exit.
-    dist.world_barrier()
-    return job_exit_code([row["exit_code"] for row in report["instances"]])
+    lock_holder: list = []
+    try:
+        refusal = (claim_parent(app, output_dir, cfg.distributed.instances, resume, force, lock_holder)
+                   if dist.world_rank == 0 else None)
+        refusal = dist.world_allgather_object(refusal)[0]
+        if refusal is not None:
+            raise UserInputError(refusal)
+        code, summary, reason = train_one(app, configs[k], dist, instance_dir(output_dir, k))
+        if code not in OUTCOMES:
+            return code
+        records = dist.world_allgather_object({"instance": k, "rank": dist.rank, "exit_code": code, "reason": reason,
+                                               "summary": summary if dist.rank == 0 else None})
+        report = summarize(cfg, records, output_dir)
+        if dist.world_rank == 0:
+            outputs.write_json(output_dir / INSTANCES_JSON, report, f"{app.name}.train", force=force)
+            print(table(report), flush=True)
+        # No rank leaves before the report is written: a launcher ends the whole job at the first non-zero exit.
+        dist.world_barrier()
+        return job_exit_code([row["exit_code"] for row in report["instances"]])
+    finally:
+        for lock in lock_holder:
+            lock.release()
 
 
 def summarize(cfg, records: list[dict], output_dir: pathlib.Path) -> dict:

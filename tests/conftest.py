@@ -16,6 +16,11 @@ import time
 import pytest
 
 import common  # noqa: F401  (first: TensorFlow's kernel set and logging, for this process and every child)
+from common.storage import scratch
+
+# The test process keeps the usual temporary folder (pytest's tmp_path under it); the processes it starts each
+# get their own scratch folder, as a user's do (common/storage/scratch.py).
+scratch.remove()
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

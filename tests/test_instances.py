@@ -4,6 +4,7 @@ report and the exit code defined; real Horovod ranks (4 on this machine, 2 insta
 
 from __future__ import annotations
 
+import fcntl
 import json
 import signal
 import subprocess
@@ -70,11 +71,12 @@ def test_bad_instance_settings_name_the_key(overrides, expected):
 
 
 def test_an_unknown_key_in_an_override_names_the_instance():
-    cfg = load_config(CosmoflowConfig, DEMO, ["distributed.instances=2",
-                                              "distributed.instance_overrides=[{}, {optimizer.learning_rat: 0.1}]"])
     with pytest.raises(ConfigError, match=r"instance 1 \(distributed.instance_overrides\[1\]\): unknown key "
                                           r"'optimizer.learning_rat'"):
-        instance_configs(CosmoflowConfig, cfg)
+        load_config(CosmoflowConfig, DEMO, ["distributed.instances=2",
+                                            "distributed.instance_overrides=[{}, {optimizer.learning_rat: 0.1}]"])
+    with pytest.raises(ConfigError, match=r"instance_overrides is for a job of several instances"):
+        load_config(CosmoflowConfig, DEMO, ["distributed.instance_overrides=[{optimizer.learning_rate: 0.1}]"])
 
 
 # -- the report and the exit code ----------------------------------------------------------------------------
@@ -129,6 +131,54 @@ def test_each_instance_equals_a_separate_run_with_seed_plus_k(two_instances, tin
     assert f"instance {k} [train.seed={k}]: finished" in result.stdout
 
 
+def tree_snapshot(root):
+    """Every path under ``root`` with its bytes (folders as None)."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def refused_with(result, expected: str) -> str:
+    """The one-line error of a refused command (exit 2: in horovodrun's tail for several ranks)."""
+    assert result.returncode != 0, result.stdout[-2000:]
+    errors = [line for line in result.stderr.splitlines() if "error: " in line]
+    assert errors and any(expected in line for line in errors), result.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.mark.horovod
+def test_a_job_folder_and_a_lone_runs_folder_are_never_mixed(two_instances, tiny_cosmo_data, tmp_path):
+    """A folder holds one kind of run: a lone run (fresh, --resume or --force) is refused in a job's folder and in
+    an instance's, a job resumed with another count of instances is refused, and a job is refused in a lone run's
+    folder; each before anything is written."""
+    job, _ = two_instances
+    before = tree_snapshot(job)
+    assert (job / ".hpc-dl-suite-run.lock").is_file()   # the job's lock file exists (held while the job ran)
+    for extra, expected in [((), "holds a job of 2 instances"),
+                            (("--resume",), "resume the job with --set distributed.instances=2"),
+                            (("--force",), "holds a job of 2 instances")]:
+        result = run_python(train_args(tiny_cosmo_data, job, *extra), check=False)
+        assert result.returncode == 2
+        refused_with(result, expected)
+    result = run_python(train_args(tiny_cosmo_data, job / "instance-0", "--resume"), check=False)
+    assert result.returncode == 2
+    refused_with(result, f"is one instance of the job of 2 instances in {job}")
+    result = run_python(train_args(tiny_cosmo_data, job, "--resume", "--set", "distributed.instances=3", batch_size=2),
+                        ranks=3, check=False)
+    refused_with(result, "--resume with distributed.instances=3 cannot continue every one of them")
+    assert tree_snapshot(job) == before
+    evaluated = run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(job)], check=False)
+    assert evaluated.returncode == 2 and "holds a job of 2 instances" in evaluated.stderr
+
+    lone, tmp = tmp_path / "lone", tmp_path / "tmp"
+    tmp.mkdir()
+    run_python(train_args(tiny_cosmo_data, lone, epochs=1), env={"TMPDIR": str(tmp)})
+    assert not list(tmp.iterdir())   # AutoGraph's generated files went with the process's own temporary folder
+    before = tree_snapshot(lone)
+    result = run_python(train_args(tiny_cosmo_data, lone, "--resume", "--set", "distributed.instances=2", epochs=1),
+                        ranks=2, check=False)
+    refused_with(result, "holds a training run (its own checkpoints and records); a job of several instances")
+    assert tree_snapshot(lone) == before
+
+
 @pytest.mark.horovod
 def test_a_nonfinite_instance_does_not_stop_the_other(two_instances, tiny_cosmo_data, tmp_path):
     run_dir = tmp_path / "job"
@@ -168,6 +218,9 @@ def test_preemption_stops_every_instance_and_resume_continues_each(tiny_cosmo_da
     while not any(p.exists() for p in first):   # then neither instance is near its sixth epoch
         assert process.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
         time.sleep(0.2)
+    # The job's folder is locked for the job's life: a second job or a lone run on it is refused while it trains.
+    with open(run_dir / ".hpc-dl-suite-run.lock", "rb") as handle, pytest.raises(BlockingIOError):
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     for rank in _rank_processes(process):   # SLURM signals every task of the job
         rank.send_signal(signal.SIGUSR1)
     out, err = process.communicate(timeout=300)

@@ -206,3 +206,74 @@ def test_a_yaml_file_the_suite_wrote_is_known_by_its_first_line(tmp_path):
     with pytest.raises(Exception, match="mine.yaml"):
         outputs.write_yaml(theirs, {"name": "x"}, "common.tools.sysbench")
     assert theirs.read_text() == "# my system\nname: mine\n"
+
+
+# -- what kind of run a folder holds -----------------------------------------------------------------------------
+
+def test_a_folder_knows_the_kind_of_run_it_holds(tmp_path):
+    from common.errors import UserInputError
+    from common.storage import outputs
+
+    job, lone = tmp_path / "job", tmp_path / "lone"
+    outputs.mark_run_dir(job, "cosmoflow", ["instances.json", "instance-0/", "instance-1/"], kind="instances",
+                         instances=2)
+    outputs.mark_run_dir(job / "instance-1", "cosmoflow", ["config.yaml"], kind="instance")
+    outputs.mark_run_dir(lone, "cosmoflow", ["config.yaml"])
+    assert outputs.run_kind(job)[0] == "instances" and outputs.run_kind(lone)[0] == "run"
+    # An instance folder is one before its own run has marked it: the job's marker lists it.
+    assert outputs.run_kind(job / "instance-0")[0] == "instance" and outputs.run_kind(job / "instance-1")[0] == "instance"
+    outputs.check_run_kind(job, "instances", resume=True, instances=2)
+    outputs.check_run_kind(lone, "run", resume=True)
+    refusals = [
+        (job, "run", True, None, "holds a job of 2 instances (distributed.instances); a training run would train beside "
+                                 "its instance folders: resume the job with --set distributed.instances=2"),
+        (job, "run", False, None, "choose another --output-dir"),
+        (job, "instances", True, 3, "--resume with distributed.instances=3 cannot continue every one of them: set "
+                                    "distributed.instances=2"),
+        (job, "instances", False, 1, "a new job with distributed.instances=1 cannot continue every one of them"),
+        (job / "instance-0", "run", True, None, f"is one instance of the job of 2 instances in {job}"),
+        (lone, "instances", False, 2, "holds a training run (its own checkpoints and records); a job of several "
+                                      "instances (distributed.instances) would train beside it"),
+    ]
+    for folder, kind, resume, count, expected in refusals:
+        with pytest.raises(UserInputError, match=None) as caught:
+            outputs.check_run_kind(folder, kind, resume, count)
+        assert expected in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_a_job_marker_from_before_kinds_were_recorded_is_still_a_job(tmp_path):
+    from common.storage import outputs
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / outputs.RUN_MARKER).write_text(json.dumps({
+        outputs.WRITTEN_BY: outputs.provenance("cosmoflow.train"),
+        "files": [".hpc-dl-suite-run.lock", "instance-0/", "instance-1/", "instance-2/", "instances.json"]}))
+    kind, record = outputs.run_kind(job)
+    assert kind == "instances" and outputs.recorded_instances(record) == 3
+
+
+# -- nothing left in /tmp ------------------------------------------------------------------------------------------
+
+def test_a_process_leaves_nothing_in_the_temporary_folder_even_when_killed(tmp_path):
+    """Each process's temporary files go to a folder of its own, removed at its end: by ``exit_process`` (which
+    skips the atexit handlers TensorFlow's AutoGraph counts on), at a normal exit, and, for a process killed
+    outright, by the next process of the suite.  A folder of that name that is not the suite's is left alone."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    users = tmp / "hpc-dl-suite-scratch-1-mine"   # the user's, though named like ours: it holds no lock file
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    write_one = ("import common, os, signal, sys, tempfile; from common.cli import exit_process; "
+                 "open(os.path.join(tempfile.gettempdir(), '__autograph_generated_file1.py'), 'w').write('x'); "
+                 "how = sys.argv[1]; "
+                 "os.kill(os.getpid(), signal.SIGKILL) if how == 'kill' else exit_process(0) if how == 'exit' else None")
+    for how in ("exit", "return"):
+        run_python(["-c", write_one, how], env={"TMPDIR": str(tmp)})
+        assert sorted(p.name for p in tmp.iterdir()) == [users.name], how
+    killed = run_python(["-c", write_one, "kill"], env={"TMPDIR": str(tmp)}, check=False)
+    assert killed.returncode == -9
+    left = [p for p in tmp.iterdir() if p != users]
+    assert len(left) == 1 and (left[0] / "__autograph_generated_file1.py").is_file()
+    run_python(["-c", "import common"], env={"TMPDIR": str(tmp)})   # the next process of the suite sweeps it
+    assert sorted(p.name for p in tmp.iterdir()) == [users.name] and (users / "notes.txt").read_text() == "mine"

@@ -285,8 +285,13 @@ def is_empty_folder(path) -> bool:
 
 
 def require_fillable(target, expected: str) -> None:
-    """Raise unless ``target`` is absent or an empty folder (the only places generation writes)."""
+    """Raise unless ``target`` is absent or an empty folder (the only places generation writes); a symbolic
+    link counts as the folder it points to, and a link to nothing is refused (there is no folder to fill)."""
     target = pathlib.Path(target)
+    if target.is_symlink() and not target.exists():
+        raise DataError(f"{target}: a symbolic link to {os.readlink(target)}, which does not exist; expected "
+                        f"{expected}, or an absent or empty folder to generate it into (create the folder it "
+                        "points to, or name another); nothing was written")
     if not target.exists() or is_empty_folder(target):
         return
     found = "a file" if not target.is_dir() else folder_summary(target)
@@ -300,20 +305,44 @@ def generated_folder(target, expected: str):
 
     ``target`` must be absent or empty (:func:`require_fillable`).  The work
     folder is created here, beside ``target``, and removed here if the block
-    fails: the only folder this ever removes.
+    fails: the only folder this ever removes.  A ``target`` that is a symbolic
+    link to an empty folder is written through: the work folder is made beside
+    the folder it points to and renamed onto it, and the link is left as it is.
+    Whatever would stop the final rename that can be known before the work (a
+    folder that cannot be created or written beside, a mount point, which no
+    rename can replace) is refused here, before any work, with one line.
     """
     target = pathlib.Path(target)
     require_fillable(target, expected)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    destination = pathlib.Path(os.path.realpath(target)) if target.is_symlink() else target
+    through = f" (the folder {target} links to)" if destination != target else ""
+    if os.path.ismount(destination):
+        raise DataError(f"{destination}{through}: a mount point; the generated {expected} is renamed into place "
+                        "when complete, which a mount point cannot take: name a new folder inside it; "
+                        "nothing was written")
+    existing = destination.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DataError(f"{destination}{through}: cannot be created: {existing} is a file, not a folder; "
+                        "nothing was written")
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        work = pathlib.Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".partial",
+                                             dir=destination.parent))
+    except OSError as exc:
+        raise DataError(f"{destination}{through}: cannot create a work folder in {destination.parent} "
+                        f"({exc.strerror}), where the generated data is written before it is renamed into place; "
+                        "nothing was written") from None
     honour_umask(work, directory=True)
     try:
         yield work
         try:
-            os.rename(work, target)   # onto an absent or empty folder only; atomic
-        except OSError:
-            require_fillable(target, expected)   # something appeared there meanwhile: say what
-            raise
+            os.rename(work, destination)   # onto an absent or empty folder only; atomic
+        except OSError as exc:
+            require_fillable(destination, expected)   # something appeared there meanwhile: say what
+            raise DataError(f"{destination}{through}: the generated {expected} could not be renamed into place "
+                            f"({exc.strerror}); nothing was written") from None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -369,15 +398,90 @@ def check_writable_folder(folder, what: str) -> None:
                              + (f"(no write permission on {existing})" if existing != folder else "(no write permission)"))
 
 
-def mark_run_dir(output_dir, app: str, files=()) -> None:
-    """Create the run directory's marker (or add ``files`` to it)."""
+def mark_run_dir(output_dir, app: str, files=(), kind: str = "run", instances: int | None = None,
+                 tool: str | None = None) -> None:
+    """Create the run directory's marker (or add ``files`` to it), recording the ``kind`` of run it holds
+    (:data:`RUN_KINDS`) and, for a job of instances, how many; ``tool``: the writer (default ``<app>.train``)."""
     output_dir = pathlib.Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     record = read_run_marker(output_dir)
     if record is None:
-        _write_marker(output_dir, {WRITTEN_BY: provenance(f"{app}.train"), "files": sorted({RUN_LOCK, *files})})
+        record = {WRITTEN_BY: provenance(tool or f"{app}.train"), "files": sorted({RUN_LOCK, *files}), "kind": kind}
+        if instances is not None:
+            record["instances"] = instances
+        _write_marker(output_dir, record)
+    elif record.get("kind") != kind and WRITTEN_BY in record:   # a marker from before kinds were recorded
+        record.update(files=sorted({*record["files"], *files}), kind=kind,
+                      **({"instances": instances} if instances is not None else {}))
+        _write_marker(output_dir, record)
     else:
         record_in_run_dir(output_dir, files)
+
+
+# What a run directory holds, as its marker says: one training run, a job of several instances (its folder holds
+# ``instance-<k>/`` and ``instances.json``), or one instance of such a job.  A folder holds one kind for its life.
+RUN_KINDS = {"run": "a training run", "instances": "a job of several instances (distributed.instances)",
+             "instance": "one instance of a job of several", "profile": "a benchmark's profiler traces"}
+
+
+def run_kind(folder) -> tuple[str, dict] | None:
+    """(the kind of run ``folder`` holds, its marker or its job's), or None for a folder no run has marked.
+
+    Markers written before kinds were recorded tell by what they list (``instances.json``: a job); a folder
+    that a job's marker lists as one of its instances is an instance even before its own run marked it."""
+    folder = pathlib.Path(folder)
+    parent = read_run_marker(folder.parent) if folder.name.startswith("instance-") else None
+    if parent is not None and _recorded_kind(parent) == "instances" and f"{folder.name}/" in parent["files"]:
+        return "instance", parent
+    record = read_run_marker(folder)
+    if record is None:
+        return None
+    return _recorded_kind(record), record
+
+
+def _recorded_kind(record: dict) -> str:
+    if record.get("kind") in RUN_KINDS:
+        return record["kind"]
+    return "instances" if "instances.json" in record.get("files", []) else "run"
+
+
+def recorded_instances(record: dict) -> int | None:
+    """How many instances a job's marker records (markers from before counts were recorded: the instance
+    folders it lists); None for other markers."""
+    if _recorded_kind(record) != "instances":
+        return None
+    return record.get("instances") or sum(1 for name in record.get("files", []) if name.startswith("instance-")) or None
+
+
+def check_run_kind(folder, kind: str, resume: bool, instances: int | None = None) -> None:
+    """Refuse (a one-line error, before anything is written) a run of ``kind`` in a folder that holds another
+    kind, or a job of instances in the folder of a job of another count: its runs would train beside the
+    folder's, or a resume would start some of them from scratch.  ``--force`` does not lift it."""
+    folder = pathlib.Path(folder)
+    found = run_kind(folder)
+    if found is None:
+        return
+    found_kind, record = found
+    recorded = recorded_instances(record)
+    count = f" of {recorded} instances" if recorded else ""
+    if found_kind == kind == "instances" and recorded and instances is not None and recorded != instances:
+        raise UserInputError(
+            f"{folder}: holds a job{count} (instance-0/ ... instance-{recorded - 1}/); "
+            f"{'--resume' if resume else 'a new job'} with distributed.instances={instances} cannot continue every "
+            f"one of them: set distributed.instances={recorded}, or choose another --output-dir")
+    if found_kind == kind:
+        return
+    if found_kind == "instances":
+        hint = (f"resume the job with --set distributed.instances={recorded}" if resume and recorded
+                else "choose another --output-dir")
+        raise UserInputError(f"{folder}: holds a job{count} (distributed.instances); {RUN_KINDS[kind]} would "
+                             f"train beside its instance folders: {hint}")
+    if found_kind == "instance":
+        raise UserInputError(f"{folder}: is one instance of the job{count} in {folder.parent}; {RUN_KINDS[kind]} "
+                             "here would mix with the job's: run or resume the whole job "
+                             f"(--output-dir {folder.parent}), or choose another --output-dir")
+    raise UserInputError(f"{folder}: holds {RUN_KINDS[found_kind]} (its own checkpoints and records); "
+                         f"{RUN_KINDS[kind]} would train beside it: choose another --output-dir")
 
 
 def record_external(run_dir, path) -> None:
