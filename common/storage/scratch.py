@@ -36,8 +36,10 @@ def install() -> pathlib.Path | None:
     try:
         sweep(base)
         folder = pathlib.Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base))
-        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Locked before it gets its name: a process sweeping at the same instant never sees it free.
+        fd = os.open(folder / f"{LOCK}.new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(folder / f"{LOCK}.new", folder / LOCK)
     except OSError:
         return None
     _folder, _lock_fd = folder, fd
