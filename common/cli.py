@@ -23,6 +23,7 @@ from common.config import load_config, read_yaml
 from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
                            Preempted, UserInputError)
 from common.loop.preemption import StopRequest
+from common.storage import scratch
 
 # Imported where used, not here: common.trainer and common.distributed (TensorFlow, Horovod), after the arguments
 # and the config are checked: --help and config errors answer without them.
@@ -41,6 +42,7 @@ def exit_process(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    scratch.remove()   # the atexit handlers that os._exit skips would have: nothing left in /tmp
     os._exit(code)
 
 

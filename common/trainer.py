@@ -30,8 +30,9 @@ from common.console import cpu
 from common.distributed import Distributed
 from common.errors import NonFiniteLoss, Preempted, UserInputError
 from common.hybrid import GroupExchange
-from common.loop.callbacks import (EpochEndSync, EpochReport, LearningRateLog, SaveCheckpoint, Throughput, confusion_metrics,
-                              rng_variables, state_variables)
+from common.loop.callbacks import (EpochEndSync, EpochReport, LearningRateLog, RootWrite, SaveCheckpoint, Throughput,
+                                  confusion_metrics, rng_variables, state_variables)
+from common.loop import attempts, records
 from common.loop.mlperf import MlperfCallback, MlperfLog
 from common.loop.reliability import StepGuard, StopRequest, Watchdog
 from common.nn import batch_norm, precision
@@ -109,11 +110,14 @@ class Run:
     peak_learning_rate: float
 
 
-def prepare_data(app: Application, cfg: AppConfig, dist: Distributed) -> Datasets:
+def prepare_data(app: Application, cfg: AppConfig, dist: Distributed, check_device: bool = True) -> Datasets:
     """The precision decided once (rank 0's answer for ``auto``) and set; the application's data prepared
-    (generated, summarised: rank 0, while the others wait) and its datasets built on every rank."""
+    (generated, summarised: rank 0, while the others wait) and its datasets built on every rank.
+    ``check_device``: refuse a precision this device cannot train in (False for the input-only bench, which
+    builds no network: its pipeline runs on the CPU whatever the precision)."""
     cfg.train.precision = dist.broadcast_object(precision.resolve(cfg.train.precision))
-    precision.check_device_support(cfg.train.precision)
+    if check_device:
+        precision.check_device_support(cfg.train.precision)
     precision.set_precision(cfg.train.precision)
     if app.prepare_data is not None and dist.instances > 1:
         # Instances may share a data folder: each folder is prepared once, by the first instance reading it.
@@ -167,12 +171,13 @@ class Claim:
     earlier_run: bool
     names: list[str]
     mlperf_path: pathlib.Path | None
+    kind: str = "run"   # outputs.RUN_KINDS: a lone run, or one instance of a job
     created: list[pathlib.Path] = dataclasses.field(default_factory=list)   # by the claim: the lock file, the folder
 
 
 def run_file_names(app: Application, cfg: AppConfig, output_dir: pathlib.Path) -> tuple[list[str], pathlib.Path | None]:
     """(the names a run writes in its folder, the MLPerf log's path or None)."""
-    names = ["config.yaml", "history.csv", "summary.json", "model.keras", "checkpoints/"]
+    names = ["config.yaml", "history.csv", "summary.json", "model.keras", "checkpoints/", attempts.ATTEMPTS_JSON]
     if cfg.train.tensorboard:
         names.append("tensorboard/")
     mlperf_path = None
@@ -191,7 +196,8 @@ def _claim_run_dir(app: Application, cfg: AppConfig, dist: Distributed, output_d
     verdict: Claim | str
     if dist.is_root:
         try:
-            verdict = _claim_on_root(app, cfg, output_dir, resume, force, lock_holder)
+            kind = "instance" if dist.instances > 1 else "run"
+            verdict = _claim_on_root(app, cfg, output_dir, resume, force, lock_holder, kind)
         except UserInputError as exc:
             verdict = str(exc)
     else:
@@ -202,9 +208,10 @@ def _claim_run_dir(app: Application, cfg: AppConfig, dist: Distributed, output_d
     return verdict
 
 
-def _claim_on_root(app, cfg, output_dir, resume, force, lock_holder) -> Claim:
+def _claim_on_root(app, cfg, output_dir, resume, force, lock_holder, kind: str = "run") -> Claim:
     outputs.check_writable_folder(output_dir, "--output-dir")
     outputs.check_run_dir(output_dir, resume, force)
+    outputs.check_run_kind(output_dir, kind, resume)
     created = []
     missing = [folder for folder in (output_dir, *output_dir.parents) if not folder.exists()]
     try:
@@ -234,7 +241,7 @@ def _claim_on_root(app, cfg, output_dir, resume, force, lock_holder) -> Claim:
     outputs.check_run_files(output_dir, names, force)
     if mlperf_path is not None and mlperf_path.name not in names:
         _check_external_log(output_dir, mlperf_path, resume)
-    return Claim(latest, earlier_run, names, mlperf_path)
+    return Claim(latest, earlier_run, names, mlperf_path, kind)
 
 
 def _check_external_log(output_dir: pathlib.Path, path: pathlib.Path, resume: bool) -> None:
@@ -284,11 +291,24 @@ def _keep_global_batch(cfg: AppConfig, dist: Distributed, claim: Claim) -> None:
         cfg.data.batch_size = verdict
 
 
-def _load_resume_state(run: Run, cfg: AppConfig, dist: Distributed, claim: Claim, resume: bool):
+@dataclasses.dataclass
+class Resumed:
+    """Where a run starts: (epochs completed, steps into the next), each rank's RNG states, the rows of the
+    committed epochs (:mod:`common.loop.records`), the checkpoint's name (None: from scratch) and its
+    optimizer step."""
+
+    position: tuple[int, int] = (0, 0)
+    rng_states: list = dataclasses.field(default_factory=list)
+    history: list = dataclasses.field(default_factory=list)
+    checkpoint: str | None = None
+    optimizer_step: int = 0
+
+
+def _load_resume_state(run: Run, cfg: AppConfig, dist: Distributed, claim: Claim, resume: bool) -> Resumed:
     """Rank 0 reads the newest checkpoint that reads back whole (falling back past corrupt ones, each named)
-    and checks that it fits this run, then assigns it; every rank gets ((epochs completed, steps into the
-    next), per-rank RNG states), or the same one-line refusal.  Before anything of the run is written."""
-    verdict: tuple | str = ((0, 0), [])
+    and checks that it fits this run, then assigns it; every rank gets the :class:`Resumed` state, or the same
+    one-line refusal.  Before anything of the run is written."""
+    verdict: Resumed | str = Resumed()
     if dist.is_root and resume and claim.latest is not None:
         try:
             found = checkpoint.newest_readable(claim.latest.parent)
@@ -301,7 +321,11 @@ def _load_resume_state(run: Run, cfg: AppConfig, dist: Distributed, claim: Claim
                 position = (int(state["epoch"]), int(state.get("step_in_epoch", 0)))
                 log.info(f"resuming from {path} (epoch {position[0] + 1}, step {position[1]} of it; "
                          f"optimizer step {state.get('step')})")
-                verdict = (position, rng_states)
+                history = state.get("history")
+                if history is None:   # written before checkpoints carried their epochs' rows
+                    history = records.rows_from_csv(path.parent.parent / records.HISTORY_CSV, position[0])
+                history = [row for row in history if row["epoch"] < position[0]]
+                verdict = Resumed(position, rng_states, history, path.name, int(state.get("step", 0)))
         except UserInputError as exc:
             verdict = str(exc)
     elif dist.is_root and resume:
@@ -312,16 +336,20 @@ def _load_resume_state(run: Run, cfg: AppConfig, dist: Distributed, claim: Claim
     return verdict
 
 
-def _start_run_dir(app: Application, cfg: AppConfig, output_dir: pathlib.Path, claim: Claim, force: bool) -> None:
+def _start_run_dir(app: Application, cfg: AppConfig, output_dir: pathlib.Path, claim: Claim, force: bool,
+                   resumed: Resumed) -> None:
     """Rank 0, once every check has passed: the marker (listing what this run writes), an earlier run's
-    checkpoints removed (``--force``), the resolved config."""
-    outputs.mark_run_dir(output_dir, app.name, claim.names)
+    checkpoints removed (``--force``), the resolved config, and the records brought into line with the
+    checkpoint the run starts from (:func:`common.loop.records.reconcile`)."""
+    outputs.mark_run_dir(output_dir, app.name, claim.names, kind=claim.kind)
     if claim.mlperf_path is not None and claim.mlperf_path.name not in claim.names:
         outputs.record_external(output_dir, claim.mlperf_path)
     if claim.earlier_run:   # --force over a run of this suite: its checkpoints would mix with this run's
         for old in checkpoint.list_checkpoints(output_dir / "checkpoints"):
             old.unlink()
     save_config(cfg, output_dir / "config.yaml", force=force)
+    records.reconcile(output_dir, resumed.history, resumed.position[0], resumed.optimizer_step,
+                      resumed.checkpoint or "no checkpoint", cfg.train.tensorboard)
 
 
 def _check_final_weights(network: keras.Model, dist: Distributed) -> None:
@@ -352,13 +380,18 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     watchdog = Watchdog.for_run(cfg.train, dist.rank)
     lock_holder: list = []
     started_dir: list = []
+    attempt = attempts.Attempt(output_dir, f"{app.name}.train", force)   # recorded once the run directory is started
     try:
-        return _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request, watchdog, started,
-                      lock_holder, started_dir)
+        summary = _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request, watchdog, started,
+                         lock_holder, started_dir, attempt)
+        attempt.end_with(None)
+        return summary
     except NonFiniteLoss as exc:
         exc.kept = checkpoint.latest_checkpoint(output_dir / "checkpoints") if dist.is_root else None
+        attempt.end_with(exc)
         raise
-    except BaseException:
+    except BaseException as exc:
+        attempt.end_with(exc)
         if not started_dir:   # refused before anything of the run was written: leave no trace of the claim
             for lock in lock_holder:
                 _undo_claim(lock)
@@ -387,7 +420,7 @@ def _undo_claim(lock) -> None:
 
 
 def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request, watchdog, started,
-           lock_holder, started_dir) -> dict:
+           lock_holder, started_dir, attempt) -> dict:
     checkpoint_dir = output_dir / "checkpoints"
     claim = _claim_run_dir(app, cfg, dist, output_dir, resume, force, lock_holder)
     if resume:
@@ -398,18 +431,25 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
     network, model = run.network, run.model
     forward_flops, global_batch_size, peak_lr, schedule = (run.forward_flops, run.global_batch_size,
                                                            run.peak_learning_rate, run.schedule)
-    position, rng_states = _load_resume_state(run, cfg, dist, claim, resume)
+    resumed = _load_resume_state(run, cfg, dist, claim, resume)
+    position = resumed.position
     # Written only once the run directory, the config, the data, the model and the checkpoint have passed
     # their checks: bad input overwrites nothing.
     started_dir.append(True)
     if dist.is_root:
-        _start_run_dir(app, cfg, output_dir, claim, force)
+        attempt.begin(resume, dist.size, resumed.checkpoint)   # first: a crash from here on leaves its trace
+        if watchdog is not None:
+            watchdog.at_expiry(lambda message: attempt.end("hung", message))
+        _start_run_dir(app, cfg, output_dir, claim, force, resumed)
     mlperf_log = MlperfLog(claim.mlperf_path, enabled=claim.mlperf_path is not None and dist.is_root)
+    if mlperf_log.enabled and resumed.checkpoint is not None:
+        mlperf_log.reconcile(resumed.history, resumed.checkpoint, *resumed.position, app.mlperf.metric_key,
+                             app.mlperf.logs_key)
     if mlperf_log.enabled:
         mlperf_log.start("init_start", time_ms=int(started * 1000))
         mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
     dist.broadcast_variables(state_variables(run.model) + run.optimizer.variables)
-    _restore_rng(run.model, rng_states, dist)
+    _restore_rng(run.model, resumed.rng_states, dist)
 
     peak_flops_total = None
     if measure_peak:
@@ -422,23 +462,24 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
 
     throughput = Throughput(global_batch_size, forward_flops, peak_flops_total, cfg.train.throughput_warmup_steps)
     saver = SaveCheckpoint(checkpoint_dir, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog,
-                           resume_record=_resume_record(cfg, run))
+                           resume_record=_resume_record(cfg, run), history=resumed.history)
     # Keras calls callbacks in list order: what measures, then the one synchronisation over ranks, then
-    # what writes (every rank takes part in the checkpoint; the rest are rank 0's).
+    # what writes: first the checkpoint, which commits the epoch (every rank takes part), then the records,
+    # rank 0's (common/loop/records.py: a resume reconciles them with the checkpoint).
     callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog()]
     if dist.groups > 1:
         callbacks.append(GroupExchange(dist, model.step_signals, cfg.distributed.exchange_every))
     callbacks += [EpochEndSync(dist), saver]
-    csv_logger = mlperf_callback = None
+    mlperf_callback = None
     if dist.is_root:
-        csv_logger = keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=resume)
-        callbacks.append(csv_logger)
+        callbacks.append(records.HistoryCsv(output_dir / records.HISTORY_CSV, saver))
         if cfg.train.tensorboard:
             callbacks.append(keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), write_graph=False,
                                                          profile_batch=0))
         if mlperf_log.enabled:
             mlperf_callback = MlperfCallback(mlperf_log, app.mlperf.metric_key, app.mlperf.logs_key,
                                              app.mlperf.target, app.mlperf.higher_is_better)
+            mlperf_callback.restore(resumed.history)
             callbacks.append(mlperf_callback)
         callbacks.append(EpochReport(cfg.train.epochs))
     check_callback_order(callbacks)
@@ -464,8 +505,6 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
                 callbacks=callbacks + [guard], verbose=_verbosity(dist), shuffle=False)
             for key, values in fit_history.history.items():
                 history.setdefault(key, []).extend(values)
-            if csv_logger is not None:
-                csv_logger.append = True
     except (Preempted, NonFiniteLoss):
         _finish_mlperf(mlperf_callback, aborted=True)
         raise
@@ -481,22 +520,31 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
     if datasets.skipped_files and dist.is_root:   # the same list on every rank
         log.warning(f"skipped {len(datasets.skipped_files)} bad file(s) (data.on_bad_file: skip); see above")
 
-    if watchdog is not None:
-        watchdog.phase("saving", "precise batch norm, the final model and summary")
     precise_bn = None
     if cfg.train.precise_bn_batches and history.get("loss"):
+        if watchdog is not None:
+            watchdog.phase("saving", "precise batch norm")
         precise_bn = _precise_batch_norm(model, datasets, cfg, dist, history)
-    _check_final_weights(network, dist)
-    summary = _summary(app, cfg, dist, run, history, peak_flops_total, time.time() - started, first_epoch,
-                       mlperf_callback)
-    summary["started_unix"] = started
-    summary["step_time_s"] = step_time_summary(throughput.step_times)
-    if precise_bn is not None:
-        summary["precise_bn"] = precise_bn
-    if dist.is_root:
-        _atomic_save_model(network, output_dir / "model.keras", force=force)
-        outputs.write_json(output_dir / "summary.json", summary, f"{app.name}.train", force=force)
-    dist.barrier()
+    if watchdog is not None:
+        watchdog.phase("training", "the final weights and summary")
+    # Rank 0 writes model.keras, then summary.json, which the other ranks watch for (RootWrite's limits).
+    with RootWrite(dist, watchdog, output_dir / "summary.json") as final_write:
+        _check_final_weights(network, dist)
+        summary = _summary(app, cfg, dist, run, history, peak_flops_total, time.time() - started, first_epoch,
+                           mlperf_callback)
+        summary["started_unix"] = started
+        summary["step_time_s"] = step_time_summary(throughput.step_times)
+        if precise_bn is not None:
+            summary["precise_bn"] = precise_bn
+        if attempt.number is not None:   # rank 0
+            summary["attempt"] = attempt.number
+            summary["previous_attempts"] = attempt.previous
+
+        def write_model_and_summary():
+            _atomic_save_model(network, output_dir / "model.keras", force=force)
+            outputs.write_json(output_dir / "summary.json", summary, f"{app.name}.train", force=force)
+
+        final_write.run(write_model_and_summary, "writing model.keras and summary.json")
     return summary
 
 
@@ -540,6 +588,9 @@ def check_callback_order(callbacks: list) -> None:
     early = [k.__name__ for k in kinds[:sync] if not issubclass(k, measuring)]
     if late or early:
         raise RuntimeError(f"callback order: {late} must come before EpochEndSync, {early} after it")
+    if records.HistoryCsv in kinds and (SaveCheckpoint not in kinds
+                                        or kinds.index(records.HistoryCsv) < kinds.index(SaveCheckpoint)):
+        raise RuntimeError("callback order: HistoryCsv writes what SaveCheckpoint committed: it comes after it")
 
 
 def _fit_phases(position: tuple[int, int], epochs: int):

@@ -564,3 +564,35 @@ def test_the_watchdog_covers_start_up_and_long_saves(startup, steps, survives, p
         assert result.returncode == 0, result.stderr
     else:
         assert result.returncode == 4 and f"s in {phase}" in result.stderr, result.stderr
+
+
+WAITING_FOR_A_WRITE = """
+import os, pathlib, sys, time
+from common.loop.reliability import Watchdog
+path = pathlib.Path(sys.argv[1])
+path.write_bytes(b"an older checkpoint of the same name")   # a corrupt newest one, say, that a resume skipped
+dog = Watchdog(timeout_s=0.6, rank=1, poll_s=0.05, startup_timeout_s=5.0, save_timeout_s=3.0)
+dog.at_expiry(lambda message: print("last words:", message, flush=True))
+watch = dog.watch_replacement(path)
+dog.phase("saving", "waiting for rank 0", until=watch, then=f"{path.name} written")
+time.sleep(1.5)   # rank 0's write: longer than hang_timeout, within save_timeout
+print("alive while rank 0 writes", flush=True)
+(path.parent / "new").write_bytes(b"the new checkpoint")
+os.replace(path.parent / "new", path)
+time.sleep(float(sys.argv[2]))   # the meeting after the write
+print("alive after the meeting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("meeting_s, survives", [(0.2, True), (2.0, False)])
+def test_a_rank_waiting_for_rank_0s_write_gets_hang_timeout_once_it_is_written(tmp_path, meeting_s, survives):
+    """A rank waiting for rank 0's checkpoint has train.save_timeout_s while the file is being written; once it
+    sees the file replaced, train.hang_timeout_s for the rest (a rank lost meanwhile ends it that much later)."""
+    result = subprocess.run([sys.executable, "-c", WAITING_FOR_A_WRITE, str(tmp_path / "ckpt-epoch-00002.npz"),
+                             str(meeting_s)], cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=60)
+    assert "alive while rank 0 writes" in result.stdout, (result.stdout, result.stderr)
+    assert ("alive after the meeting" in result.stdout) == survives, (result.stdout, result.stderr)
+    if not survives:
+        assert result.returncode == 4, result.stderr
+        assert "s in synchronising (ckpt-epoch-00002.npz written) (train.hang_timeout_s=0.6)" in result.stderr
+        assert "last words: rank 1: no progress for" in result.stdout

@@ -1,5 +1,6 @@
 """Exact resume, preemption, dead ranks, NaN losses and bad input, on real processes and files."""
 
+import csv
 import hashlib
 import json
 import os
@@ -69,10 +70,16 @@ def assert_bitwise_equal(a, b):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tiny_cosmo_data, tmp_path_factory):
+def reference_run(tiny_cosmo_data, tmp_path_factory):
+    """An uninterrupted run of ``command``: what an interrupted and resumed one must end as."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
     finish(command(tiny_cosmo_data, run_dir))
-    return final_weights(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(reference_run):
+    return final_weights(reference_run)
 
 
 def test_resume_after_a_kill_is_bitwise_equal(tiny_cosmo_data, tmp_path, uninterrupted):
@@ -104,7 +111,233 @@ def test_signal_mid_epoch_saves_and_resume_is_bitwise_equal(tiny_cosmo_data, tmp
     assert_bitwise_equal(final_weights(run_dir), uninterrupted)
     with open(run_dir / "history.csv") as handle:
         epochs = [line.split(",")[0] for line in handle.read().splitlines()[1:]]
-    assert epochs[-1] == "2"
+    assert epochs == ["0", "1", "2"]
+    # The requeued attempt says how the first one ended, and records it.
+    assert "the previous attempt (" in resumed.stdout and "was preempted and saved a checkpoint (exit 75)" in \
+        resumed.stdout
+    assert [(a["status"], a["exit_code"]) for a in attempts_of(run_dir)] == [("preempted", 75), ("finished", 0)]
+
+
+# -- a crash at any instant: the records of an epoch agree with its checkpoint ------------------------
+
+def attempts_of(run_dir) -> list[dict]:
+    return json.loads((run_dir / "attempts.json").read_text())["attempts"]
+
+
+def history_rows(run_dir) -> list[dict]:
+    with open(run_dir / "history.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+TIMINGS = ("epoch_time_s", "samples_per_second", "tflops_per_second")
+
+
+def assert_same_history(run_dir, reference_dir):
+    """One row per epoch, numbered as the reference's, with its values to the last digit (timings aside)."""
+    rows, expected = history_rows(run_dir), history_rows(reference_dir)
+    assert [r["epoch"] for r in rows] == [r["epoch"] for r in expected]
+    for row, reference in zip(rows, expected):
+        assert {k: v for k, v in row.items() if k not in TIMINGS} == \
+            {k: v for k, v in reference.items() if k not in TIMINGS}, row["epoch"]
+
+
+def mlperf_events(run_dir) -> list[dict]:
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (run_dir / "mlperf.log").read_text().splitlines()]
+
+
+def tensorboard_points(run_dir, folder, tag) -> list[tuple[int, float]]:
+    """(step, value) of a tag as TensorBoard loads it."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    accumulator = plugin_event_accumulator.EventAccumulator(str(run_dir / "tensorboard" / folder))
+    accumulator.Reload()
+    return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
+
+
+def test_a_kill_between_a_checkpoint_and_its_records_and_a_lost_newest_checkpoint(tiny_cosmo_data, tmp_path,
+                                                                                 reference_run, uninterrupted):
+    """Killed (SIGKILL) at the instant the checkpoint of epoch 2 is in place and none of its records are
+    written, then requeued (SLURM_RESTART_COUNT=1): history.csv, the MLPerf log and TensorBoard hold every epoch
+    once, with the values of an uninterrupted run, and the second attempt records that the first vanished.
+    Then the opposite order: records of epoch 3 written, its checkpoint lost (corrupt): epoch 3 is trained
+    again and counted once."""
+    run_dir = tmp_path / "run"
+    args = command(tiny_cosmo_data, run_dir, "--set", "train.tensorboard=true")
+    killed = subprocess.run(args, cwd=REPO, env=python_env({checkpoint.TEST_HOOK: "written:2:kill",
+                                                            "SLURM_JOB_ID": "4242"}),
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert checkpoint.read_state(run_dir / "checkpoints" / "ckpt-epoch-00002.npz")["epoch"] == 2
+    assert [r["epoch"] for r in history_rows(run_dir)] == ["0"]   # the crash window: epoch 2 committed, unrecorded
+    assert [a["status"] for a in attempts_of(run_dir)] == ["running"]
+
+    requeued = subprocess.run([*args, "--resume"], cwd=REPO, timeout=600, capture_output=True, text=True,
+                              env=python_env({"SLURM_RESTART_COUNT": "1", "SLURM_JOB_ID": "4242"}))
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    said = requeued.stdout + requeued.stderr
+    assert "attempt 2 of this run (SLURM restart 1 of job 4242): the previous attempt (" in said
+    assert "vanished without recording its end" in said
+    assert "history.csv: restored the row(s) of epoch(s) 2 from ckpt-epoch-00002.npz" in said
+    assert_same_history(run_dir, reference_run)
+    assert_bitwise_equal(final_weights(run_dir), uninterrupted)
+    first, second = attempts_of(run_dir)
+    assert first["status"] == "vanished" and first["exit_code"] is None and first["last_seen"] >= first["started"]
+    assert first["slurm_restart_count"] == 0 and "left no record" not in said
+    assert (second["status"], second["slurm_restart_count"], second["slurm_job_id"], second["resumed_from"]) == \
+        ("finished", 1, "4242", "ckpt-epoch-00002.npz")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["attempt"] == 2 and [a["status"] for a in summary["previous_attempts"]] == ["vanished"]
+    events = mlperf_events(run_dir)
+    evaluations = [e for e in events if e["key"] == "eval_error"]
+    assert [e["metadata"]["epoch_num"] for e in evaluations] == [1, 2, 3]
+    assert evaluations[1]["metadata"]["restored_from"] == "ckpt-epoch-00002.npz"
+    assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "epoch_stop"] == [1, 2, 3]
+    rows = history_rows(run_dir)
+    for folder, column in (("train", "loss"), ("validation", "val_loss")):
+        assert tensorboard_points(run_dir, folder, "epoch_loss") == \
+            [(e, float(np.float32(r[column]))) for e, r in enumerate(rows)]
+
+    flip_middle(run_dir / "checkpoints" / "ckpt-epoch-00003.npz")   # epoch 3 recorded, its checkpoint lost
+    again = finish([*args, "--resume"])
+    said = again.stdout + again.stderr
+    assert "resuming from" in said and "ckpt-epoch-00002.npz" in said
+    assert "history.csv: dropped the row(s) of epoch(s) 3" in said
+    assert_same_history(run_dir, reference_run)
+    assert_bitwise_equal(final_weights(run_dir), uninterrupted)
+    for folder in ("train", "validation"):
+        assert [step for step, _ in tensorboard_points(run_dir, folder, "epoch_loss")] == [0, 1, 2]
+    assert [s for s, _ in tensorboard_points(run_dir, "validation", "evaluation_loss_vs_iterations")] == [32, 64, 96]
+    resumed_events = [e for e in mlperf_events(run_dir) if e["key"] == "resumed_from_checkpoint"]
+    assert resumed_events[-1]["metadata"]["superseded_epochs"] == [3]
+    assert [a["status"] for a in attempts_of(run_dir)] == ["vanished", "finished", "finished"]
+
+
+def test_a_checkpoint_without_rows_takes_them_from_history_csv(tmp_path):
+    """Checkpoints written before they carried their epochs' rows: a resume takes the rows of the epochs they
+    committed from history.csv, exactly, and drops the later ones."""
+    from common.loop import records
+    from common.storage import outputs
+
+    rows = [{"epoch": e, "logs": {"loss": 1.0 / (e + 3), "val_loss": 0.1 * e}, "time_unix": None,
+             "optimizer_learning_rate": None} for e in range(3)]
+    rows[1]["logs"]["ratio_to_peak"] = 0.25   # a metric not every epoch has: NA in the others
+    outputs.mark_run_dir(tmp_path, "cosmoflow", ["history.csv"])
+    records.write_history(tmp_path / "history.csv", rows)
+    text = (tmp_path / "history.csv").read_text()
+    assert text.splitlines()[0] == "epoch,loss,ratio_to_peak,val_loss" and ",NA," in text
+    assert records.rows_from_csv(tmp_path / "history.csv", 2) == \
+        [{**row, "logs": dict(row["logs"])} for row in rows[:2]]
+    records.reconcile(tmp_path, records.rows_from_csv(tmp_path / "history.csv", 2), 2, 0, "an old checkpoint",
+                      tensorboard=False)
+    assert [r["epoch"] for r in history_rows(tmp_path)] == ["0", "1"]
+    assert history_rows(tmp_path)[1]["loss"] == repr(1.0 / 4)
+
+
+def test_the_mlperf_log_is_reconciled_with_the_checkpoint_of_each_resume(tmp_path):
+    """Epochs 1-3 logged, the checkpoint of epoch 3 lost: the resume from epoch 2 names epoch 3 superseded.
+    That attempt is killed once its own checkpoint of epoch 3 is in place, before the log (and mid-line): the
+    next resume restores epoch 3 from that checkpoint, not from the superseded events."""
+    from common.loop.mlperf import MlperfLog
+
+    path = tmp_path / "mlperf.log"
+    first = MlperfLog(path, enabled=True)
+    for number in (1, 2, 3):
+        first.end("epoch_stop", metadata={"epoch_num": number})
+        first.start("eval_start", metadata={"epoch_num": number})
+        first.event("eval_error", 0.9, metadata={"epoch_num": number})
+        first.end("eval_stop", metadata={"epoch_num": number})
+    rows = [{"epoch": e, "logs": {"val_mae": 0.5 - e / 10}, "time_unix": 1000.0 + e} for e in range(3)]
+    MlperfLog(path, enabled=True).reconcile(rows[:2], "ckpt-epoch-00002.npz", 2, 0, "eval_error", "val_mae")
+    with open(path, "a") as handle:
+        handle.write(':::MLLOG {"namespace": "", "time_ms": 17')   # cut short by the kill
+    MlperfLog(path, enabled=True).reconcile(rows, "ckpt-epoch-00003.npz", 3, 0, "eval_error", "val_mae")
+    lines = path.read_text().splitlines()
+    assert lines[-6].endswith('"time_ms": 17')   # the cut line ended: the 5 events after it on lines of their own
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in lines if line != lines[-6]]
+    resumes = [e["metadata"] for e in events if e["key"] == "resumed_from_checkpoint"]
+    assert [(r["superseded_epochs"], r["restored_epochs"]) for r in resumes] == [([3], []), ([], [3])]
+    assert events[-2]["key"] == "eval_stop" and events[-3]["value"] == pytest.approx(0.3)
+    assert events[-3]["metadata"] == {**events[-3]["metadata"], "epoch_num": 3, "restored_from": "ckpt-epoch-00003.npz"}
+    assert events[-3]["time_ms"] == 1002000
+
+
+def test_each_attempt_says_how_the_previous_one_ended(tmp_path, monkeypatch, caplog):
+    """attempts.json across a preemption, a SLURM restart that never started the run, a vanished attempt."""
+    from common.errors import Preempted
+    from common.loop.attempts import Attempt
+
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)   # SLURM sets it from the first requeue on
+    Attempt(tmp_path, "cosmoflow.train").end_with(RuntimeError("refused before the run directory started"))
+    assert not (tmp_path / "attempts.json").exists()   # nothing recorded before begin
+    first = Attempt(tmp_path, "cosmoflow.train")
+    first.begin(resume=False, ranks=2, resumed_from=None)
+    first.end_with(Preempted("stop requested (SIGUSR1)"))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    with caplog.at_level("INFO"):
+        Attempt(tmp_path, "cosmoflow.train").begin(resume=True, ranks=2, resumed_from="ckpt-epoch-00001.npz")
+    said = caplog.text
+    assert "attempt 2 of this run (SLURM restart 2 of job 9): the previous attempt (" in said
+    assert "was preempted and saved a checkpoint (exit 75)" in said and "stop requested (SIGUSR1)" in said
+    assert "SLURM restart(s) 1 of the job left no record" in said
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    caplog.clear()
+    third = Attempt(tmp_path, "cosmoflow.train")
+    third.begin(resume=True, ranks=1, resumed_from="ckpt-epoch-00001.npz")   # the second never ended: killed
+    assert "vanished without recording its end" in caplog.text and "left no record" not in caplog.text
+    assert [(a["status"], a["exit_code"], a["slurm_restart_count"]) for a in attempts_of(tmp_path)] == \
+        [("preempted", 75, 0), ("vanished", None, 2), ("running", None, 3)]
+    assert third.number == 3 and [a["attempt"] for a in third.previous] == [1, 2]
+
+
+def flip_middle(path):
+    payload = bytearray(path.read_bytes())
+    for i in range(len(payload) // 2, len(payload) // 2 + 64):
+        payload[i] ^= 0xFF
+    path.write_bytes(bytes(payload))
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("lost, hook", [
+    (1, "writing:2:8"),   # rank 1 lost while rank 0 writes (8 s): rank 0 ends 8 s + hang_timeout_s later
+    (0, "written:2:8"),   # rank 0 lost once it has written: rank 1, waiting for it, ends hang_timeout_s later
+])
+def test_a_node_lost_around_a_save_ends_the_others_within_the_write_plus_hang_timeout(tiny_cosmo_data, tmp_path,
+                                                                                      lost, hook):
+    """A rank frozen (SIGSTOP: like a lost node, its connections stay open and silent) during a checkpoint
+    save: the survivor ends within the rest of the write plus train.hang_timeout_s (10 s), not
+    train.save_timeout_s (300 s)."""
+    run_dir, hang_timeout, write_s = tmp_path / "run", 10, 8
+    args = command(tiny_cosmo_data, run_dir, "--set", f"train.hang_timeout_s={hang_timeout}",
+                   "--set", "train.save_timeout_s=300", epochs=3, batch_size=2, ranks=2)
+    process = subprocess.Popen(args, cwd=REPO, env=python_env({checkpoint.TEST_HOOK: hook}), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    checkpoints = run_dir / "checkpoints"
+    if lost == 1:   # rank 0 is inside its (slowed) write of the second checkpoint: its temporary file exists
+        wait_for(lambda: checkpoints.is_dir() and any(p.name.startswith(".ckpt-epoch-00002.npz.")
+                                                      for p in checkpoints.iterdir()), process)
+    else:           # rank 0 has put the second checkpoint in place, and is held before the meeting after it
+        wait_for(lambda: (checkpoints / "ckpt-epoch-00002.npz").exists(), process)
+    victim, survivor = rank_process(process, lost), rank_process(process, 1 - lost)
+    victim.suspend()
+    frozen = time.time()
+    try:
+        survivor.wait(timeout=120)
+        elapsed = time.time() - frozen
+    finally:
+        victim.resume()
+        victim.kill()
+        out, _ = process.communicate(timeout=120)
+    budget = hang_timeout + (write_s if lost == 1 else 0) + 5   # + the watchdog's and the file watch's polls
+    assert elapsed < budget, (elapsed, out[-3000:])
+    assert f"error: rank {1 - lost}: no progress for" in out and "s in synchronising (ckpt-epoch-00002.npz written" \
+        in out and f"(train.hang_timeout_s={hang_timeout})" in out, out[-3000:]
+    # Rank 0 records how the attempt ended when its watchdog ends it; a lost rank 0 records nothing (the next
+    # attempt calls it vanished).
+    attempt = attempts_of(run_dir)[-1]
+    assert (attempt["status"], attempt["exit_code"]) == (("hung", 4) if lost == 1 else ("running", None))
+    assert checkpoint.load_checkpoint(checkpoints / "ckpt-epoch-00002.npz")[0]["epoch"] == 2   # whole
 
 
 def test_mid_epoch_checkpoint_position(tiny_cosmo_data, tmp_path):
@@ -186,6 +419,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_cosmo_data, tmp_
     assert f"the last good checkpoint is {good}" in message   # named, and it exists
     assert checkpoint.latest_checkpoint(run_dir / "checkpoints") == good
     assert hashlib.sha256(good.read_bytes()).hexdigest() == digest
+    assert [(a["status"], a["exit_code"]) for a in attempts_of(run_dir)] == [("finished", 0), ("non-finite", 3)]
+    assert "loss is" in attempts_of(run_dir)[-1]["reason"]
 
 
 # -- bad input: exit 2, one line naming the file or key, nothing overwritten ---------------------

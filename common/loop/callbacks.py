@@ -1,16 +1,19 @@
 """Callbacks of the one training loop: the epoch-end synchronisation over
-ranks, throughput, learning rate, checkpoints and the per-epoch report."""
+ranks, throughput, learning rate, checkpoints (and rank 0's writes that the
+others wait for) and the per-epoch report."""
 
 from __future__ import annotations
 
 import logging
+import pathlib
 import time
 
 import keras
 import numpy as np
 
-from common.storage import checkpoint
 from common.distributed import SEED_STATE_MARKER, Distributed
+from common.loop.records import epoch_row
+from common.storage import checkpoint
 from common.errors import NonFiniteLoss
 from common.nn.flops import TRAINING_FLOPS_FACTOR
 from common.nn.metrics import ConfusionMatrix, iou_from_confusion
@@ -177,52 +180,108 @@ def rng_variables(model) -> list:
     return [v for v in model.variables if SEED_STATE_MARKER in v.path]
 
 
+class RootWrite:
+    """A file rank 0 writes while the other ranks wait for it; then every rank meets, so nobody leaves (a
+    preemption exit, a launcher ending the job) before the file is in place.
+
+    The watchdog times each rank by what it does.  Rank 0's write has ``train.save_timeout_s`` (a long write
+    to a slow file system is not a hang); so has a rank waiting for it, until it sees the file replaced
+    (:class:`~common.loop.reliability.FileReplacement`, started here, before the collectives that precede
+    the write); the meeting after the write (``synchronising``) has ``train.hang_timeout_s``, on every rank.
+    So when a rank other than 0 is lost around a save, the others end within the write plus
+    ``hang_timeout_s``; only when rank 0 is lost in the middle of its write do they wait ``save_timeout_s``:
+    nothing tells a lost writer from a slow file system.  Use as a context manager around the collectives
+    that precede the write and :meth:`run`.
+    """
+
+    def __init__(self, dist: Distributed, watchdog, path):
+        self.dist = dist
+        self.watchdog = watchdog
+        self.path = pathlib.Path(path)
+        self._watch = None
+        self._previous = None
+
+    def __enter__(self) -> "RootWrite":
+        if self.watchdog is not None:
+            self._previous = self.watchdog.current_phase
+            self.watchdog.beat()
+            if not self.dist.is_root:
+                self._watch = self.watchdog.watch_replacement(self.path)
+        return self
+
+    def run(self, write, what: str) -> None:
+        """``write()`` on rank 0 (it ends by putting :attr:`path` in place), then the meeting of every rank."""
+        written = f"{self.path.name} written; waiting for every rank to get past it"
+        if self.dist.is_root:
+            if self.watchdog is not None:
+                self.watchdog.phase("saving", what)
+            write()
+            if self.watchdog is not None:
+                self.watchdog.phase("synchronising", written)
+        elif self.watchdog is not None:
+            self.watchdog.phase("saving", f"waiting for rank 0: {what}", until=self._watch, then=written)
+        self.dist.barrier()
+
+    def __exit__(self, *exc_info) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+        if self.watchdog is not None and self._previous is not None:
+            self.watchdog.phase(self._previous)
+
+
 class SaveCheckpoint(keras.callbacks.Callback):
-    """A checkpoint after every epoch, and on demand mid-epoch (preemption).
+    """A checkpoint after every epoch, and on demand mid-epoch (preemption): the commit point of an epoch.
 
     Runs on every rank: every rank first counts the non-finite arrays of its model and optimizer state
     and the counts are summed over ranks, so a NaN weight stops every rank with
     :class:`~common.errors.NonFiniteLoss` before anything is written (the previous checkpoint stays the
     newest); then each rank's random-number state is gathered to rank 0, which writes the file (model,
-    optimizer, position, RNG states, ``resume_record``: what a resume must match).  The watchdog is in its
-    ``saving`` phase meanwhile, so ranks waiting for a long write are not taken for hung.
+    optimizer, position, RNG states, ``resume_record``: what a resume must match, and ``history``: the row
+    of every completed epoch, this one's included (:func:`common.loop.records.epoch_row`), from which the
+    records are written and, on a resume, reconciled).  The write and the meeting of the ranks after it are
+    timed as :class:`RootWrite` says.  ``history``: the rows the checkpoint this run resumed committed.
     """
 
-    def __init__(self, directory, dist: Distributed, keep: int = 2, watchdog=None, resume_record: dict | None = None):
+    def __init__(self, directory, dist: Distributed, keep: int = 2, watchdog=None, resume_record: dict | None = None,
+                 history: list[dict] | None = None):
         super().__init__()
         self.directory = directory
         self.dist = dist
         self.keep = keep
         self.watchdog = watchdog
         self.resume_record = dict(resume_record or {})
+        self.history = list(history or [])
 
-    def save(self, epochs_completed: int, step_in_epoch: int = 0):
+    def save(self, epochs_completed: int, step_in_epoch: int = 0, row: dict | None = None):
         """A checkpoint of the model and optimizer after ``epochs_completed`` epochs (and ``step_in_epoch`` steps into
-        the next), written by rank 0 only if every rank's variables are finite; otherwise NonFiniteLoss."""
-        previous = self.watchdog.phase("saving", "writing a checkpoint") if self.watchdog is not None else None
-        optimizer = self.model.optimizer
-        variables = state_variables(self.model) + list(optimizer.variables)
-        bad = checkpoint.nonfinite_arrays([np.asarray(v) for v in variables])
-        total_bad = int(self.dist.sum_array(np.array([len(bad)], np.int64))[0])
-        if total_bad:
-            first = variables[bad[0]].path if bad else "on another rank"
-            where = f"epoch {epochs_completed + 1}, step {step_in_epoch}" if step_in_epoch else \
-                f"the end of epoch {epochs_completed}"
-            raise NonFiniteLoss(f"weights hold NaN or Inf at {where} ({len(bad)} array(s) here, first: {first}); "
-                                "checkpoint not written")
-        gathered = self.dist.allgather_object([np.asarray(v) for v in rng_variables(self.model)])
-        if self.dist.is_root:
-            state = {"step": int(np.asarray(optimizer.iterations)), **self.resume_record}
-            checkpoint.save_checkpoint(self.directory, epochs_completed, state_variables(self.model),
-                                       optimizer.variables, state, keep=self.keep, step_in_epoch=step_in_epoch,
-                                       rng_states=gathered)
-        # Nobody leaves (a preemption exit, a launcher killing the job) before rank 0 has written it.
-        self.dist.barrier()
-        if self.watchdog is not None:
-            self.watchdog.phase(previous)
+        the next), committing ``row`` (the epoch just completed), written by rank 0 only if every rank's variables
+        are finite; otherwise NonFiniteLoss."""
+        path = checkpoint.checkpoint_path(self.directory, epochs_completed, step_in_epoch)
+        with RootWrite(self.dist, self.watchdog, path) as write:
+            optimizer = self.model.optimizer
+            variables = state_variables(self.model) + list(optimizer.variables)
+            bad = checkpoint.nonfinite_arrays([np.asarray(v) for v in variables])
+            total_bad = int(self.dist.sum_array(np.array([len(bad)], np.int64))[0])
+            if total_bad:
+                first = variables[bad[0]].path if bad else "on another rank"
+                where = f"epoch {epochs_completed + 1}, step {step_in_epoch}" if step_in_epoch else \
+                    f"the end of epoch {epochs_completed}"
+                raise NonFiniteLoss(f"weights hold NaN or Inf at {where} ({len(bad)} array(s) here, first: {first}); "
+                                    "checkpoint not written")
+            gathered = self.dist.allgather_object([np.asarray(v) for v in rng_variables(self.model)])
+            history = self.history + ([row] if row is not None else [])
+
+            def write_checkpoint():
+                state = {"step": int(np.asarray(optimizer.iterations)), **self.resume_record, "history": history}
+                checkpoint.save_checkpoint(self.directory, epochs_completed, state_variables(self.model),
+                                           optimizer.variables, state, keep=self.keep, step_in_epoch=step_in_epoch,
+                                           rng_states=gathered)
+
+            write.run(write_checkpoint, f"writing {path.name}")
+        self.history = history
 
     def on_epoch_end(self, epoch, logs=None):
-        self.save(epoch + 1)
+        self.save(epoch + 1, row=epoch_row(epoch, logs, self.model.optimizer))
 
 
 class EpochReport(keras.callbacks.Callback):

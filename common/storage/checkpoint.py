@@ -13,7 +13,9 @@ of a name unique to this writer in the same folder, flushed to disk, renamed;
 older ones are removed only after the new one is in place.  A failed write
 removes its temporary file; one left by a killed writer (``.ckpt-*.tmp``) is
 removed by the next run that holds the run directory's lock
-(:func:`remove_stale_temporaries`).
+(:func:`remove_stale_temporaries`).  The state record carries the rows of the
+epochs completed (``history``): the checkpoint is what commits an epoch's
+records (:mod:`common.loop.records`).
 
 Reading: :func:`load_checkpoint` reads every array (so a bad CRC or a
 truncated file is found before anything is assigned) and names the file when
@@ -31,7 +33,9 @@ import logging
 import os
 import pathlib
 import re
+import signal
 import tempfile
+import time
 import zipfile
 
 import numpy as np
@@ -44,6 +48,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-epoch-(\d+)(?:-step-(\d+))?\.npz$")
 TEMPORARY_PATTERN = re.compile(r"^\.ckpt-epoch-\d+(?:-step-\d+)?\.npz\..+\.tmp$")
 STATE_KEY = "__state__"
+TEST_HOOK = "HPCDL_TEST_CHECKPOINT_HOOK"   # tests only: see _test_hook
 # State-record keys a resume must match (written since they were introduced; older checkpoints lack them).
 RESUME_KEYS = ("global_batch_size", "steps_per_epoch", "precision", "optimizer")
 
@@ -115,6 +120,7 @@ def save_checkpoint(directory: str | pathlib.Path, epoch: int, model_variables, 
     descriptor, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=directory)
     temporary = pathlib.Path(name)
     try:
+        _test_hook("writing", epoch, step_in_epoch)
         with os.fdopen(descriptor, "wb") as handle:
             np.savez(handle, **arrays)
             handle.flush()
@@ -123,9 +129,27 @@ def save_checkpoint(directory: str | pathlib.Path, epoch: int, model_variables, 
         os.replace(temporary, final)
     finally:
         temporary.unlink(missing_ok=True)   # this writer's own; gone already after the rename
+    _test_hook("written", epoch, step_in_epoch)
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+def _test_hook(point: str, epoch: int, step_in_epoch: int) -> None:
+    """For the crash tests only (tests/test_crash_consistency.py); nothing happens unless the environment sets
+    :data:`TEST_HOOK`: ``<point>:<epoch>:<action>`` stops the writer of the epoch-end checkpoint after
+    ``<epoch>`` epochs at ``<point>`` (``writing``: its temporary file created, nothing in it yet;
+    ``written``: renamed into place, before anything else) and either kills the process there (``kill``:
+    SIGKILL, a crash at that very instant) or sleeps ``<action>`` seconds (a slow file system)."""
+    hook = os.environ.get(TEST_HOOK)
+    if not hook or step_in_epoch:
+        return
+    at, at_epoch, action = hook.split(":")
+    if at != point or int(at_epoch) != epoch:
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(float(action))
 
 
 def remove_stale_temporaries(directory: str | pathlib.Path) -> list[pathlib.Path]:
@@ -141,12 +165,6 @@ def remove_stale_temporaries(directory: str | pathlib.Path) -> list[pathlib.Path
                 path.unlink(missing_ok=True)
                 removed.append(path)
     return removed
-
-
-def read_state(path: str | pathlib.Path) -> dict:
-    """The training state a checkpoint records (epoch, step, ranks, ...), without its arrays."""
-    with np.load(path) as data:
-        return json.loads(bytes(data[STATE_KEY]).decode())
 
 
 def load_checkpoint(path: str | pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
