@@ -9,14 +9,19 @@
 #    and Horovod has NCCL;
 # 3. with JAX and Keras (no TensorFlow needed): scripts/backend_bench.py on CosmoFlow under Keras' JAX backend;
 # 4. one JSON (the last line printed, and OUT_DIR/gpu_check.json): samples/s per GPU and the ratio to the
-#    same run's matmul peak, for each part that ran, and the parts skipped with why.
+#    same run's matmul peak, for each part that ran on a GPU, and the parts skipped with why.
 # Each part runs only where its tools are; a machine with PyTorch and JAX but no TensorFlow runs 1, 3 and 4.
+# A part whose framework sees no GPU (a CPU-only build) is skipped, not run at MLPerf size on the CPU.
+#
+# Exit status: 0 when a part measured; 1 when there is no GPU here (nvidia-smi lists none; nothing is run or
+# written, unless GPU_CHECK_TINY=1) or when no part measured anything; 2 when OUT_DIR is not empty.
 #
 # Environment:
 #   TF_PYTHON    the Python of the GPU build (default: .venv-gpu/bin/python, else .venv/bin/python, else python3)
 #   JAX_PYTHON   a Python with jax and keras (default: .venv-jax/bin/python if present, else python3)
 #   STEPS        timed steps per measurement (default 8); BATCH: per-GPU batch (default: the config's)
-#   GPU_CHECK_TINY=1   small shapes (the demo config, tiny JAX networks): a CPU check of this script itself
+#   GPU_CHECK_TINY=1   small shapes (the demo config, tiny JAX networks): also without a GPU, a check of this
+#                      script itself on the CPU; its figures are then filed as the CPU's (tensorflow_cpu, jax_cpu)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -26,6 +31,27 @@ if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
     echo "gpu_check: $OUT exists and is not empty; name a new folder" >&2
     exit 2
 fi
+tiny=${GPU_CHECK_TINY:-0}
+
+# 1. The GPUs: found before anything is written, so that a machine without one is told so and left as it was.
+gpu_rows=""
+smi_problem="not on PATH (no NVIDIA driver here)"
+if command -v nvidia-smi >/dev/null 2>&1; then
+    if gpu_rows=$(nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap \
+                      --format=csv,noheader 2>&1); then
+        smi_problem="lists no GPU"
+    else
+        smi_problem="failed: $(echo "$gpu_rows" | head -n 1)"
+        gpu_rows=""
+    fi
+fi
+gpus=$(printf '%s' "$gpu_rows" | grep -c . || true)
+if [ "$gpus" -eq 0 ] && [ "$tiny" != 1 ]; then
+    echo "gpu_check: no GPU here: nvidia-smi $smi_problem; nothing was measured or written (this checks a GPU" \
+         "node: run it on one; GPU_CHECK_TINY=1 runs its small shapes on the CPU, a check of the script itself)" >&2
+    exit 1
+fi
+
 mkdir -p "$OUT"
 STEPS=${STEPS:-8}
 pick_python() {   # the first of the arguments that is an executable Python
@@ -43,22 +69,18 @@ skipped="$OUT/skipped.txt"
 : > "$skipped"
 skip() { echo "gpu_check: skipped $1: $2"; echo "$1: $2" >> "$skipped"; }
 
-# 1. The GPUs.
-gpus=0
-if command -v nvidia-smi >/dev/null 2>&1; then
+if [ "$gpus" -gt 0 ]; then
     nvidia-smi
-    nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap --format=csv,noheader \
-        > "$OUT/gpus.csv" || true
-    gpus=$(grep -c . "$OUT/gpus.csv" || true)
+    printf '%s\n' "$gpu_rows" > "$OUT/gpus.csv"
 else
-    skip nvidia-smi "not on PATH (no NVIDIA driver here): the measurements below run on the CPU"
+    skip nvidia-smi "$smi_problem: GPU_CHECK_TINY=1, the small shapes run on the CPU and are filed as the CPU's"
 fi
 capability=$(head -n 1 "$OUT/gpus.csv" 2>/dev/null | awk -F', *' '{print $5}')
 precision_jax=mixed_bfloat16
 # Before Ampere (compute capability 8.0) GPUs have no bf16 units: float16 with loss scaling.
 if [ -n "$capability" ] && [ "${capability%%.*}" -lt 8 ]; then precision_jax=mixed_float16; fi
 
-if [ "${GPU_CHECK_TINY:-0}" = 1 ]; then
+if [ "$tiny" = 1 ]; then
     bench_config=(--config configs/cosmoflow/demo.yaml --set "data.data_dir=$OUT/data"
                   --set data.mock.n_train=16 --set data.mock.n_valid=8)
     jax_tiny=(--tiny)
@@ -71,11 +93,19 @@ fi
 [ -n "${BATCH:-}" ] && bench_config+=(--batch-size "$BATCH")
 
 # 2. TensorFlow: the build line and the bench, on 1 GPU and on 2 over NCCL.
-if "$TF_PYTHON" -c 'import tensorflow' >/dev/null 2>&1; then
+tf_sees_gpu='import sys, tensorflow as tf; sys.exit(0 if tf.config.list_physical_devices("GPU") else 1)'
+if ! "$TF_PYTHON" -c 'import tensorflow' >/dev/null 2>&1; then
+    skip tensorflow "$TF_PYTHON cannot import tensorflow (set TF_PYTHON to the GPU build's Python)"
+elif [ "$gpus" -gt 0 ] && ! "$TF_PYTHON" -c "$tf_sees_gpu" >/dev/null 2>&1; then
+    "$TF_PYTHON" -m common.tools.build_info | tee "$OUT/build_line.txt"
+    skip tensorflow "$TF_PYTHON's TensorFlow sees no GPU (a CPU-only build? set TF_PYTHON to the GPU build's Python)"
+else
     "$TF_PYTHON" -m common.tools.build_info | tee "$OUT/build_line.txt"
     "$TF_PYTHON" -m common.tools.build_info --json > "$OUT/build.json" 2>/dev/null || true
+    one_device="1 GPU"
+    [ "$gpus" -eq 0 ] && one_device=CPU
     "$TF_PYTHON" -m common.tools.bench "${bench_config[@]}" --precision auto --steps "$STEPS" \
-        --json "$OUT/bench-1.json" || skip "tensorflow bench (1 GPU)" "common.tools.bench failed (above)"
+        --json "$OUT/bench-1.json" || skip "tensorflow bench ($one_device)" "common.tools.bench failed (above)"
     if [ "$gpus" -ge 2 ]; then
         if grep -q 'nccl_built=True' "$OUT/build_line.txt"; then
             PATH="$(dirname "$TF_PYTHON"):$PATH" horovodrun -np 2 -H localhost:2 \
@@ -87,24 +117,27 @@ if "$TF_PYTHON" -c 'import tensorflow' >/dev/null 2>&1; then
     else
         skip "tensorflow bench (2 GPUs)" "fewer than 2 GPUs"
     fi
-else
-    skip tensorflow "$TF_PYTHON cannot import tensorflow (set TF_PYTHON to the GPU build's Python)"
 fi
 
 # 3. Keras on JAX, no TensorFlow needed.
-if KERAS_BACKEND=jax "$JAX_PYTHON" -c 'import jax, keras' >/dev/null 2>&1; then
+jax_sees_gpu='import sys, jax; sys.exit(0 if jax.default_backend() == "gpu" else 1)'
+if ! KERAS_BACKEND=jax "$JAX_PYTHON" -c 'import jax, keras' >/dev/null 2>&1; then
+    skip jax "$JAX_PYTHON cannot import jax and keras (set JAX_PYTHON)"
+elif [ "$gpus" -gt 0 ] && ! "$JAX_PYTHON" -c "$jax_sees_gpu" >/dev/null 2>&1; then
+    skip jax "$JAX_PYTHON's JAX sees no GPU (a CPU-only jaxlib? install jax[cuda12])"
+else
     KERAS_BACKEND=jax "$JAX_PYTHON" scripts/backend_bench.py --apps cosmoflow --precision "$precision_jax" \
         --steps "$STEPS" ${BATCH:+--batch-size "$BATCH"} "${jax_tiny[@]}" | tee "$OUT/jax.log" \
         || skip jax "scripts/backend_bench.py failed (above)"
     tail -n 1 "$OUT/jax.log" > "$OUT/jax.json"
-else
-    skip jax "$JAX_PYTHON cannot import jax and keras (set JAX_PYTHON)"
 fi
 
-# 4. One JSON over what ran.
+# 4. One JSON over what ran; its status is the script's (1 when nothing measured).
 "$(pick_python "$JAX_PYTHON" python3)" - "$OUT" "$gpus" <<'PYEOF'
 import json, pathlib, socket, sys
 out, gpus = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+# Without a GPU (GPU_CHECK_TINY only) the figures are the CPU's, one process each, and named so.
+per = "per_gpu" if gpus else "per_process"
 
 def load(name):
     path = out / name
@@ -113,31 +146,48 @@ def load(name):
     except json.JSONDecodeError:
         return None
 
-def tf_part(result, devices):
+skipped = [line for line in (out / "skipped.txt").read_text().splitlines() if line]
+
+def tf_part(name, result, devices):
     if not result:
+        return None
+    if gpus and result.get("gpus_visible", 0) < 1:   # checked before the run; a bench that fell back is not a GPU's
+        skipped.append(f"{name}: the bench ran on the CPU (its TensorFlow saw no GPU); not filed as a GPU's")
         return None
     compute = result["compute"]
     return {"ranks": result["ranks"], "precision": result["precision"], "batch_size_per_rank": result["batch_size"],
-            "samples_per_second_per_gpu": compute["samples_per_second"] / devices,
+            f"samples_per_second_{per}": compute["samples_per_second"] / devices,
             "ratio_to_peak": compute["ratio_to_peak"], "peak_flops": result["peak_flops"],
             "peak_flops_bf16": result["peak_flops_bf16"],
-            "end_to_end_samples_per_second_per_gpu": result["end_to_end"]["samples_per_second"] / devices}
+            f"end_to_end_samples_per_second_{per}": result["end_to_end"]["samples_per_second"] / devices}
 
-jax = load("jax.json")
-rows = (jax or {}).get("results", [])
+def jax_part(result):
+    rows = (result or {}).get("results", [])
+    if not rows:
+        return None
+    return {"backend": result["backend"], "precision": result["precision"], "peak_flops": result["peak_flops"],
+            f"samples_per_second_{per}": rows[0]["samples_per_second"], "ratio_to_peak": rows[0]["ratio_to_peak"],
+            "batch": rows[0]["batch"]}
+
+if gpus:
+    parts = {"tensorflow_1gpu": tf_part("tensorflow bench (1 GPU)", load("bench-1.json"), 1),
+             "tensorflow_2gpus_nccl": tf_part("tensorflow bench (2 GPUs)", load("bench-2.json"), 2),
+             "jax": jax_part(load("jax.json"))}
+else:
+    parts = {"tensorflow_cpu": tf_part("tensorflow bench (CPU)", load("bench-1.json"), 1),
+             "jax_cpu": jax_part(load("jax.json"))}
 report = {
     "host": socket.gethostname(),
     "gpus": [line.strip() for line in (out / "gpus.csv").read_text().splitlines()] if (out / "gpus.csv").is_file() else [],
     "build": load("build.json"),
-    "tensorflow_1gpu": tf_part(load("bench-1.json"), 1),
-    "tensorflow_2gpus_nccl": tf_part(load("bench-2.json"), 2),
-    "jax": ({"backend": jax["backend"], "precision": jax["precision"], "peak_flops": jax["peak_flops"],
-             "samples_per_second_per_gpu": rows[0]["samples_per_second"], "ratio_to_peak": rows[0]["ratio_to_peak"],
-             "batch": rows[0]["batch"]} if rows else None),
+    **parts,
     "on_cpu": gpus == 0,
-    "skipped": [line for line in (out / "skipped.txt").read_text().splitlines() if line],
+    "skipped": skipped,
 }
 text = json.dumps(report)
 (out / "gpu_check.json").write_text(text + "\n")
 print(text)
+if not any(parts.values()):
+    print("gpu_check: nothing was measured (see skipped above)", file=sys.stderr)
+    sys.exit(1)
 PYEOF

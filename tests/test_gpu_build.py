@@ -1,6 +1,7 @@
 """The GPU build's recipe and checks, as far as a machine without a GPU can hold them: the pieces of the recipe
 agree (versions, compute capabilities, the switches), the pinned build line is what the installed build says,
-and scripts/gpu_check.sh runs end to end on the CPU in its small mode. The build itself (`make
+scripts/gpu_check.sh refuses a machine without a GPU in its default mode and runs end to end on the CPU in its
+small mode, filing the figures as the CPU's. The build itself (`make
 check-gpu-build`, 3 GB of downloads) is not part of the suite; docs/clusters.md gives its measured run."""
 
 from __future__ import annotations
@@ -102,15 +103,43 @@ def test_gpu_check_runs_on_the_cpu_in_its_small_mode(tmp_path):
     assert report["on_cpu"] is True and report["gpus"] == []
     assert any(line.startswith("nvidia-smi:") for line in report["skipped"])
     assert BUILD_LINE.match((out / "build_line.txt").read_text().strip())
+    # The figures are the CPU's, and named so: no part and no key says GPU.
     bench = json.loads((out / "bench-1.json").read_text())
-    assert report["tensorflow_1gpu"]["samples_per_second_per_gpu"] == bench["compute"]["samples_per_second"] > 0
-    assert report["tensorflow_1gpu"]["ratio_to_peak"] == bench["compute"]["ratio_to_peak"]
+    assert bench["gpus_visible"] == 0
+    assert not {"tensorflow_1gpu", "tensorflow_2gpus_nccl", "jax"} & set(report)
+    assert not [key for part in (report["tensorflow_cpu"], report["jax_cpu"] or {}) for key in part if "gpu" in key]
+    assert report["tensorflow_cpu"]["samples_per_second_per_process"] == bench["compute"]["samples_per_second"] > 0
+    assert report["tensorflow_cpu"]["ratio_to_peak"] == bench["compute"]["ratio_to_peak"]
     if jax_python.exists():
         rows = json.loads((out / "jax.json").read_text())["results"]
-        assert report["jax"]["samples_per_second_per_gpu"] == rows[0]["samples_per_second"] > 0
+        assert report["jax_cpu"]["samples_per_second_per_process"] == rows[0]["samples_per_second"] > 0
     else:
-        assert report["jax"] is None and any(line.startswith("jax:") for line in report["skipped"])
+        assert report["jax_cpu"] is None and any(line.startswith("jax:") for line in report["skipped"])
     # A second run into the same, now full, folder is refused before anything is written.
     again = subprocess.run(["bash", "scripts/gpu_check.sh", str(out)], cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=60)
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+@pytest.mark.parametrize("driver", ["absent", "failing"])
+def test_gpu_check_without_a_gpu_says_so_and_runs_nothing(tmp_path, driver):
+    """Its default mode measures MLPerf-size CosmoFlow on a GPU: without one it used to run that on the CPU and
+    exit 0 with the CPU's figures filed under per-GPU names. Now: one line saying there is no GPU, exit 1,
+    nothing run or written. ``failing``: an nvidia-smi that cannot reach a driver, as on a node without one
+    loaded."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    if driver == "failing":   # what nvidia-smi prints when the kernel module is not loaded (its status 9)
+        (tools / "nvidia-smi").write_text("#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate "
+                                          "with the NVIDIA driver.\"\nexit 9\n")
+        (tools / "nvidia-smi").chmod(0o755)
+    out = tmp_path / "check"
+    env = {**os.environ, "TF_PYTHON": sys.executable, "PATH": f"{tools}:/usr/bin:/bin"}
+    env.pop("GPU_CHECK_TINY", None)
+    result = subprocess.run(["bash", "scripts/gpu_check.sh", str(out)], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and result.stdout == "", result.stdout[-2000:] + result.stderr[-2000:]
+    line, = result.stderr.strip().splitlines()
+    said = "not on PATH" if driver == "absent" else "failed: NVIDIA-SMI has failed because it couldn't communicate"
+    assert line.startswith(f"gpu_check: no GPU here: nvidia-smi {said}") and "nothing was measured" in line
+    assert not out.exists()

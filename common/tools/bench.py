@@ -24,6 +24,13 @@ Four measurements, each after warm-up steps:
 With several ranks, samples/s and FLOP/s are global (summed over ranks) and
 peaks are summed likewise.
 
+Every result records what was measured: the application (``app``), the shape of one sample as the
+network takes it (``sample_shape``), the config file and its overrides (``config``, ``overrides``) and the
+precision.  The readers of a result (``--compare`` here, ``common.tools.scaling --rate-from`` and
+``--input-rate-from``) go through :func:`read_result` and :func:`check_workload`: a file that is missing,
+malformed, of the other kind, from before the application and sample shape were recorded, of another
+application or sample shape, or whose rate is not a positive finite number is a one-line error naming it.
+
 ``--profile DIR`` also traces a few compute steps with TensorFlow's profiler
 (trace in DIR, viewable in TensorBoard) and prints where the time went by op
 type and by op: how the slow atrous convolutions and unfused batch norms of
@@ -36,13 +43,14 @@ import argparse
 import collections
 import glob
 import json
+import math
 import pathlib
 import time
 
 from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
 from common.console import cpu, logs
-from common.errors import UserInputError
+from common.errors import DataError, UserInputError
 from common.storage import outputs
 
 # Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
@@ -54,6 +62,12 @@ def device_has_bf16() -> bool:
     import tensorflow as tf
 
     return bool(tf.config.list_physical_devices("GPU")) or cpu.has_bf16_units()
+
+
+def sample_shape(datasets) -> list[int]:
+    """The shape of one training sample as the network takes it: a training batch's inputs less the batch axis."""
+    inputs = datasets.train_epoch(0).element_spec[0]
+    return inputs.shape.as_list()[1:]
 
 
 def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> float:
@@ -150,7 +164,10 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
     ratio_to_peak = compute_flops / peak_used if peak_used else None
     return {
         "app": application.name,
+        "sample_shape": sample_shape(datasets),
         "ranks": dist.size,
+        # what TensorFlow computed on (scripts/gpu_check.sh files no CPU figures as a GPU's)
+        "gpus_visible": len(tf.config.list_physical_devices("GPU")),
         "batch_size": cfg.data.batch_size,
         "global_batch_size": global_batch,
         "precision": cfg.train.precision,
@@ -174,21 +191,30 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
 
 
 # Published per-accelerator training rates the input path must feed (cores per accelerator = rate / per-core rate).
+# A rate holds for the sample shape it was measured at only: a pipeline's per-core rate at 16^3 says nothing of
+# how many cores feed 128^3 volumes (512x the voxels).
 PUBLISHED_ACCELERATOR_RATES = {
-    "cosmoflow": {"samples_per_second": 200.0, "accelerator": "H100",
+    "cosmoflow": {"samples_per_second": 200.0, "accelerator": "H100", "sample_shape": [128, 128, 128, 4],
                   "source": "MLPerf HPC v3.0 CosmoFlow closed-division records, about 200 samples/s per H100"},
 }
 
 
-def cores_per_accelerator(application_name: str, per_core: float | None, staged_per_core: float | None) -> dict | None:
-    """Cores of input pipeline one accelerator needs at its published rate, from the GZIP files and from the
-    staged inflated copies; None when no rate is published for the application."""
+def cores_per_accelerator(application_name: str, shape: list[int], per_core: float | None,
+                          staged_per_core: float | None) -> tuple[dict | None, str | None]:
+    """(cores of input pipeline one accelerator needs at its published rate, from the GZIP files and from the
+    staged inflated copies; None, why not) -- not projected when no rate is published for the application, or
+    when ``shape`` (the sample shape benched) is not the one the published rate was measured at."""
     published = PUBLISHED_ACCELERATOR_RATES.get(application_name)
-    if published is None or not per_core:
-        return None
+    if published is None:
+        return None, f"no per-accelerator training rate is published for {application_name} in this suite"
+    if list(shape) != published["sample_shape"]:
+        return None, (f"the published {published['accelerator']} rate is for samples of "
+                      f"{shape_text(published['sample_shape'])}, these are {shape_text(shape)}")
+    if not per_core:
+        return None, "no input rate was measured"
     rate = published["samples_per_second"]
     return {**published, "cores_from_files": rate / per_core,
-            "cores_from_staged_inflated": rate / staged_per_core if staged_per_core else None}
+            "cores_from_staged_inflated": rate / staged_per_core if staged_per_core else None}, None
 
 
 def _on_threads(stream, threads: int | None):
@@ -241,7 +267,10 @@ def _steady_input_rate(datasets, samples_per_step: int, steps: int, threads: int
 def input_only(application, cfg, dist, steps: int, stage_decompressed: str | None = None) -> dict:
     """The input pipeline alone at the config's sample size, on one core and on all, against the simplest
     one-core loop doing the same work (the application's ``input_ceiling``); with ``stage_decompressed``,
-    also the pipeline reading the training files staged there inflated."""
+    also the pipeline reading the training files staged there inflated.
+
+    The training precision is not checked against this device: no network is built, and the pipeline runs on
+    the CPU whatever the policy (it casts to the compute dtype, float16 for mixed_float16, as on a GPU node)."""
     # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
     from common.trainer import prepare_data
 
@@ -252,14 +281,23 @@ def input_only(application, cfg, dist, steps: int, stage_decompressed: str | Non
     if config_stage_dir:
         cfg = cfg.model_copy(deep=True)
         cfg.data.stage_dir = None
-    datasets = prepare_data(application, cfg, dist)
+    if stage_decompressed:   # checked before the first timing, not after it
+        if not ("stage_decompress" in type(cfg.data).model_fields and getattr(cfg.data, "compression", "") == "gzip"
+                and cfg.data.format == "tfrecord"):
+            raise UserInputError(f"--stage-decompressed: {application.name}'s data in {cfg.data.data_dir} is not "
+                                 "GZIP TFRecords (data.format: tfrecord, data.compression: gzip); nothing to inflate")
+        from common.storage.data import check_stage_dir   # deferred: TensorFlow, as above
+
+        check_stage_dir(pathlib.Path(stage_decompressed), [cfg.data.data_dir])
+    datasets = prepare_data(application, cfg, dist, check_device=False)
     one_core, window = _steady_input_rate(datasets, batch, steps, threads=1)
     all_cores, _ = _steady_input_rate(datasets, batch, steps, threads=None)
     ceiling = (application.input_ceiling(cfg, window["batches"] * batch) if application.input_ceiling is not None
                else {"samples_per_second": None, "why_none": f"{application.name} has no input ceiling loop yet"})
     ceiling_rate = ceiling.get("samples_per_second")
     result = {
-        "app": application.name, "ranks": dist.size, "batch_size": batch, "cpu": cpu.describe(),
+        "app": application.name, "sample_shape": sample_shape(datasets), "precision": cfg.train.precision,
+        "ranks": dist.size, "batch_size": batch, "cpu": cpu.describe(),
         "data_dir": str(cfg.data.data_dir), "compression": getattr(cfg.data, "compression", None),
         "augment": getattr(cfg.data, "augment", None),
         "input": {"samples_per_second_per_core": one_core, "samples_per_second_all_cores": all_cores,
@@ -271,21 +309,19 @@ def input_only(application, cfg, dist, steps: int, stage_decompressed: str | Non
                   **({"config_stage_dir_not_used": config_stage_dir} if config_stage_dir else {})},
     }
     if stage_decompressed:
-        if not ("stage_decompress" in type(cfg.data).model_fields and getattr(cfg.data, "compression", "") == "gzip"
-                and cfg.data.format == "tfrecord"):
-            raise UserInputError(f"--stage-decompressed: {application.name}'s data in {cfg.data.data_dir} is not "
-                                 "GZIP TFRecords (data.format: tfrecord, data.compression: gzip); nothing to inflate")
         staged_cfg = cfg.model_copy(deep=True)
         staged_cfg.data.stage_dir = stage_decompressed
         staged_cfg.data.stage_decompress = True
-        staged = prepare_data(application, staged_cfg, dist)
+        staged = prepare_data(application, staged_cfg, dist, check_device=False)
         rate, _ = _steady_input_rate(staged, batch, steps, threads=1)
         result["staged"] = {"stage_dir": stage_decompressed, "samples_per_second_per_core": rate,
                             "ratio_to_gzip_per_core": rate / one_core}
-    projection = cores_per_accelerator(application.name, one_core, result.get("staged", {}).get(
-        "samples_per_second_per_core"))
+    projection, why_not = cores_per_accelerator(application.name, result["sample_shape"], one_core,
+                                                 result.get("staged", {}).get("samples_per_second_per_core"))
     if projection:
         result["projection"] = projection
+    else:
+        result["projection_not_shown"] = why_not
     return result
 
 
@@ -321,6 +357,8 @@ def input_table(result: dict) -> str:
                   if pr["cores_from_staged_inflated"] else "")
         lines.append(f"  to feed {pr['samples_per_second']:.0f} samples/s per {pr['accelerator']}: "
                      f"{pr['cores_from_files']:.1f} cores per accelerator from these files{staged} ({pr['source']})")
+    elif result.get("projection_not_shown"):
+        lines.append(f"  cores per accelerator not projected: {result['projection_not_shown']}")
     return "\n".join(lines)
 
 
@@ -358,6 +396,153 @@ def table(result: dict) -> str:
     ] + ([profile_table(result["profile"])] if result.get("profile") else []))
 
 
+# -- a result read back: what --compare and common.tools.scaling may trust --------------------------------------
+
+RESULT_KINDS = {"training": "the training measurements (compute, input pipeline, end to end)",
+                "input-only": "a --input-only measurement of the input pipeline"}
+
+
+def positive_finite(value, where: str) -> float:
+    """``value`` when it is a positive finite number (a rate, a size); a one-line error naming ``where`` when it
+    is zero, negative, NaN, infinite, null, a string or anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise DataError(f"{where}: {json.dumps(value)}; expected a positive finite number")
+    return float(value)
+
+
+def positive_int_argument(text: str) -> int:
+    """argparse type of a count that must be at least 1 (``--steps``, ``--batch-size``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
+    return value
+
+
+def positive_number_argument(text: str) -> float:
+    """argparse type of a rate or a size on the command line: a positive finite number (not 0, nan or inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive finite number")
+    return value
+
+
+def shape_text(shape) -> str:
+    """``[128, 128, 128, 4]`` as ``128x128x128x4``."""
+    return "x".join(str(d) for d in shape)
+
+
+def load_json(path) -> dict:
+    """The JSON object in ``path``; a one-line error naming it when it is missing, unreadable, not JSON, or
+    not an object."""
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:   # json.JSONDecodeError and UnicodeDecodeError
+        raise DataError(f"{path}: not a JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: a JSON {type(data).__name__}; expected a JSON object")
+    return data
+
+
+def result_kind(result: dict) -> str | None:
+    """``training`` or ``input-only`` for a bench result, None for any other JSON object."""
+    if isinstance(result.get("compute"), dict):
+        return "training"
+    if isinstance(result.get("input"), dict) and "samples_per_second_per_core" in result["input"]:
+        return "input-only"
+    return None
+
+
+def read_result(path, kind: str) -> dict:
+    """The bench result of ``kind`` (:data:`RESULT_KINDS`) in ``path``, with the application and sample shape it
+    was measured at; a one-line error naming ``path`` when it holds anything else.
+
+    A result from before the bench recorded its sample shape is refused, not taken with a warning: a rate is
+    only meaningful for the sample shape it was measured at (a 16^3 volume has 1/512 of a 128^3 one's voxels),
+    a warning scrolls past while the number it warns of goes into the projection, and measuring again is one
+    bench run."""
+    result = load_json(path)
+    found = result_kind(result)
+    if found is None:
+        raise DataError(f"{path}: not a common.tools.bench result (no compute or input section); expected "
+                        f"{RESULT_KINDS[kind]}")
+    if found != kind:
+        raise DataError(f"{path}: holds {RESULT_KINDS[found]}; expected {RESULT_KINDS[kind]}")
+    missing = [key for key in ("app", "sample_shape") if key not in result]
+    if missing:
+        raise DataError(f"{path}: written before the bench recorded the {' and the '.join(missing)} it measured; "
+                        "rerun common.tools.bench on that config to measure it again")
+    shape = result["sample_shape"]
+    if not isinstance(result["app"], str) or not (isinstance(shape, list) and shape and all(
+            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
+        raise DataError(f"{path}: app {json.dumps(result['app'])}, sample_shape {json.dumps(shape)}; expected an "
+                        "application name and a list of positive whole numbers")
+    return result
+
+
+def check_workload(result: dict, path, application: str, shape, expected_from: str) -> None:
+    """A one-line error unless the result read from ``path`` was measured for ``application`` at sample shape
+    ``shape`` (what ``expected_from`` describes, e.g. the config a projection is of)."""
+    if result["app"] == application and list(result["sample_shape"]) == list(shape):
+        return
+    config = f" (a bench of {result['config']})" if result.get("config") else ""
+    raise DataError(f"{path}: measured {result['app']} at sample shape {shape_text(result['sample_shape'])}"
+                    f"{config}; expected {application} at {shape_text(shape)} ({expected_from}): bench that "
+                    "and use its result")
+
+
+def recorded_rate(result: dict, path, section: str, key: str = "samples_per_second") -> float:
+    """``result[section][key]`` as a positive finite rate; a one-line error naming ``path`` and the key otherwise."""
+    values = result.get(section)
+    return positive_finite(values.get(key) if isinstance(values, dict) else None, f"{path}: {section}.{key}")
+
+
+def recorded_ranks(result: dict, path) -> int:
+    """The ranks a result's rates are summed over (1 where not recorded); a one-line error unless at least 1."""
+    ranks = result.get("ranks", 1)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise DataError(f"{path}: ranks {json.dumps(ranks)}; expected a whole number of at least 1")
+    return ranks
+
+
+def compare(one_path, other_path) -> str:
+    """``--compare``: the end-to-end rate of one training result relative to another of the same application and
+    sample shape (e.g. 2 ranks against 1 process), in words."""
+    one, other = read_result(one_path, "training"), read_result(other_path, "training")
+    check_workload(other, other_path, one["app"], one["sample_shape"], f"what {one_path} measured")
+    ratio = (recorded_rate(other, other_path, "end_to_end") / recorded_rate(one, one_path, "end_to_end"))
+    return (f"{other_path} ({recorded_ranks(other, other_path)} rank(s)) vs {one_path} "
+            f"({recorded_ranks(one, one_path)} rank(s)): end-to-end {ratio:.2f}x")
+
+
+def claim_profile_dir(folder, ranks: int) -> "outputs.RunDirLock":
+    """``--profile DIR``: absent, empty, or a folder an earlier bench profiled into (its marker says so); marked
+    as the suite's and locked while this bench traces into it (the profiler adds a new ``plugins/profile/<time>/``
+    folder per trace and removes nothing).  A user's folder is a one-line refusal."""
+    folder = pathlib.Path(folder)
+    found = outputs.run_kind(folder)
+    if found is not None and found[0] != "profile":
+        raise UserInputError(f"{folder}: --profile names the folder of {outputs.RUN_KINDS[found[0]]}; choose a new "
+                             "folder for the trace")
+    if found is None and folder.exists() and not outputs.is_empty_folder(folder):
+        what = "a file" if not folder.is_dir() else outputs.folder_summary(folder)
+        raise UserInputError(f"{folder}: --profile needs a new or empty folder (or one an earlier bench traced "
+                             f"into); found {what}; nothing was written")
+    outputs.check_writable_folder(folder, "--profile")
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = outputs.RunDirLock(folder, "common.tools.bench --profile").acquire()
+    traces = ["plugins/"] if ranks == 1 else [f"rank{r}/" for r in range(ranks)]
+    outputs.mark_run_dir(folder, "common.tools.bench", traces, kind="profile", tool="common.tools.bench")
+    return lock
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m common.tools.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the app config to benchmark")
@@ -365,8 +550,9 @@ def main(argv=None) -> int:
                         help="print the end-to-end rate of OTHER relative to ONE (e.g. 2 ranks vs 1 process)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--app")
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch-size", type=positive_int_argument)
+    parser.add_argument("--steps", type=positive_int_argument, default=10,
+                        help="timed steps per measurement, after warm-up ones (at least 1; default 10)")
     parser.add_argument("--precision", choices=["fp32", "mixed_float16", "mixed_bfloat16", "auto"])
     parser.add_argument("--json", help="write the result here (a new file, or one this suite wrote)")
     parser.add_argument("--force", action="store_true", help="replace a --json file this suite did not write")
@@ -377,36 +563,50 @@ def main(argv=None) -> int:
                         help="with --input-only: also stage the training files to DIR inflated and time reading them")
     args = parser.parse_args(argv)
     if args.compare:
-        one, other = (json.load(open(path)) for path in args.compare)
-        ratio = other["end_to_end"]["samples_per_second"] / one["end_to_end"]["samples_per_second"]
-        print(f"{args.compare[1]} ({other['ranks']} rank(s)) vs {args.compare[0]} ({one['ranks']} rank(s)): "
-              f"end-to-end {ratio:.2f}x")
+        with exit_on_user_error():
+            print(compare(*args.compare))
         return 0
     if not args.config:
         parser.error("--config is required")
     if args.stage_decompressed and not args.input_only:
         parser.error("--stage-decompressed goes with --input-only")
     with exit_on_user_error():
-        from common import distributed   # deferred: imports TensorFlow and Horovod, after the arguments are parsed
-
         if args.json:   # refused before the benchmark runs, not after
             outputs.check_replaceable(args.json, args.force)
             outputs.check_writable_folder(pathlib.Path(args.json).resolve().parent, "the folder of --json")
 
         application = find_application(args.config, args.app)
         overrides = list(args.set)
-        if args.batch_size:
+        if args.batch_size is not None:
             overrides.append(f"data.batch_size={args.batch_size}")
         if args.precision:
             overrides.append(f"train.precision={args.precision}")
         cfg = load_config(application.config_schema, args.config, overrides)
+        # deferred: TensorFlow and Horovod load only once the arguments and the config are checked
+        from common import distributed
+
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
         logs.configure(dist.rank, dist.size, ("common", application.package))
+        profile_lock = None
+        if args.profile:   # every rank's verdict from rank 0's claim, before any work
+            refusal = None
+            if dist.is_root:
+                try:
+                    profile_lock = claim_profile_dir(args.profile, dist.size)
+                except UserInputError as exc:
+                    refusal = str(exc)
+            refusal = dist.broadcast_object(refusal)
+            if refusal is not None:
+                raise UserInputError(refusal)
         if args.input_only:
             result = input_only(application, cfg, dist, args.steps, stage_decompressed=args.stage_decompressed)
         else:
             profile_dir = args.profile and (args.profile if dist.size == 1 else f"{args.profile}/rank{dist.rank}")
             result = run(application, cfg, dist, args.steps, profile_dir=profile_dir)
+        if profile_lock is not None:
+            profile_lock.release()
+    # What was measured, for whoever reads the result back (read_result, check_workload).
+    result = {"config": args.config, "overrides": overrides, **result}
     if dist.is_root:
         print(input_table(result) if args.input_only else table(result), flush=True)
         if args.json:

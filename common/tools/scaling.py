@@ -51,6 +51,12 @@ small collectives and t_stragglers together (a rank computes more slowly in a
 job than alone where Horovod's loop competes for its CPU, and lock-step waits
 for the slowest), and the gradients' allreduce is added to it.
 
+A measured rate (``--samples-per-second``, ``--rate-from``, ``--input-rate-from``) must be a positive finite
+number, and one read from a file must have been measured for the workload projected: a bench JSON for the
+config's application at the sample shape its network takes (:func:`common.tools.bench.read_result` and
+:func:`~common.tools.bench.check_workload`), a run's summary.json for its application and network (the
+forward FLOPs per sample); anything else is a one-line error naming the file.
+
 Efficiency(N) = samples/s on N nodes / (N x samples/s on 1 node).  Staging
 time (one-off, before training) = dataset bytes / min(N x per-node PFS
 bandwidth, aggregate PFS bandwidth).  System figures live in
@@ -71,8 +77,9 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from common.cli import exit_on_user_error, find_application
 from common.config import Section, load_config, read_yaml, validate
-from common.errors import ConfigError
+from common.errors import ConfigError, DataError
 from common.storage.outputs import save_figure
+from common.tools import bench
 
 # Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
 # config errors answer without it; matplotlib, only for --png.
@@ -198,6 +205,10 @@ class Workload:
     overlap: float | None = None
     lag_hides_step: bool = True
     small_collectives_per_step: int = 0
+    # What a rate read from a file must have been measured for (workload_from_config sets them from the config).
+    application: str = ""
+    sample_shape: tuple[int, ...] = ()
+    config: str = ""
 
 
 def measured_allreduce(table: dict[float, float], n_bytes: float) -> float:
@@ -321,34 +332,45 @@ def workload_from_config(config: str, overrides: list[str], rank_samples_per_sec
                     dataset_bytes=dataset_bytes,
                     # This suite's step (common/training_model.py): one grouped allreduce after the backward pass,
                     # lag overlapping only the update, and the step-signals allreduce.
-                    overlap=0.0, lag_hides_step=False, small_collectives_per_step=1)
+                    overlap=0.0, lag_hides_step=False, small_collectives_per_step=1,
+                    application=app.name, sample_shape=tuple(described["input_shape"]), config=config)
 
 
-def input_rate_from_json(path: str, staged: bool = False) -> float:
-    """Samples/s per core of the input pipeline from a ``common.tools.bench --input-only`` JSON (the staged,
-    inflated copy's rate with ``staged``)."""
-    try:
-        data = json.loads(pathlib.Path(path).read_text())
-        rate = data["staged" if staged else "input"]["samples_per_second_per_core"]
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: not a readable JSON file ({exc})") from None
-    except (KeyError, TypeError):
-        what = "a staged section (bench --input-only --stage-decompressed)" if staged else "an input section"
-        raise ConfigError(f"{path}: no {what}; expected a common.tools.bench --input-only JSON") from None
-    return float(rate)
+def input_rate_from_json(path: str, work: Workload, staged: bool = False) -> float:
+    """Samples/s per core of the input pipeline from a ``common.tools.bench --input-only`` JSON measured for
+    ``work``'s application and sample shape (the staged, inflated copy's rate with ``staged``)."""
+    result = bench.read_result(path, "input-only")
+    bench.check_workload(result, path, work.application, work.sample_shape, f"the samples of {work.config}")
+    if staged and "staged" not in result:
+        raise DataError(f"{path}: no staged section; --input-staged needs a bench --input-only "
+                        "--stage-decompressed result")
+    return bench.recorded_rate(result, path, "staged" if staged else "input", "samples_per_second_per_core")
 
 
-def rate_from_json(path: str) -> float:
-    """Per-rank samples/s from a training summary.json or a bench JSON."""
-    try:
-        data = json.loads(pathlib.Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: not a readable JSON file ({exc})") from None
-    if "compute" in data:
-        return float(data["compute"]["samples_per_second"]) / int(data.get("ranks", 1))
-    if data.get("samples_per_second"):
-        return float(data["samples_per_second"]) / int(data.get("ranks", 1))
-    raise ConfigError(f"{path}: no samples_per_second (expected a summary.json or a common.tools.bench JSON)")
+def rate_from_json(path: str, work: Workload) -> float:
+    """Per-rank training samples/s from a run's summary.json or a bench JSON of the training measurements,
+    measured for ``work``: the same application and network (forward FLOPs per sample), and for a bench JSON
+    the same sample shape."""
+    from common.nn.flops import TRAINING_FLOPS_FACTOR   # deferred: Keras (workload_from_config loaded it)
+
+    data = bench.load_json(path)
+    if bench.result_kind(data) is not None:   # a bench result: the compute rate, on one batch held in memory
+        data = bench.read_result(path, "training")
+        bench.check_workload(data, path, work.application, work.sample_shape, f"the samples of {work.config}")
+        rate = bench.recorded_rate(data, path, "compute")
+    elif "app" in data and "samples_per_second" in data:   # a run's summary.json
+        if data["app"] != work.application:
+            raise DataError(f"{path}: a {data['app']} run; expected a {work.application} one ({work.config})")
+        rate = bench.positive_finite(data["samples_per_second"], f"{path}: samples_per_second")
+    else:
+        raise DataError(f"{path}: no samples_per_second; expected a run's summary.json or a common.tools.bench "
+                        "JSON")
+    forward = data.get("forward_flops_per_sample")
+    expected = work.training_flops_per_sample / TRAINING_FLOPS_FACTOR
+    if not (isinstance(forward, (int, float)) and math.isclose(forward, expected, rel_tol=1e-6)):
+        raise DataError(f"{path}: measured a network of forward_flops_per_sample {json.dumps(forward)}; "
+                        f"{work.config} builds one of {expected:.0f}: measure that config")
+    return rate / bench.recorded_ranks(data, path)
 
 
 # -- the published points ---------------------------------------------------------------------------
@@ -433,17 +455,21 @@ def main(argv=None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--system", help=f"one of {', '.join(available_systems())}, or a YAML file")
     parser.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256,512,1024")
-    parser.add_argument("--samples-per-second", type=float, help="measured training samples/s of one rank")
-    parser.add_argument("--rate-from", help="summary.json of a run or a common.tools.bench JSON: its per-rank rate")
-    parser.add_argument("--dataset-bytes", type=float, default=0.0, help="dataset size, for the staging time")
+    measured = parser.add_mutually_exclusive_group()
+    measured.add_argument("--samples-per-second", type=bench.positive_number_argument,
+                          help="measured training samples/s of one rank")
+    measured.add_argument("--rate-from", help="summary.json of a run or a common.tools.bench JSON of this config: "
+                                              "its per-rank rate")
+    parser.add_argument("--dataset-bytes", type=bench.positive_number_argument,
+                        help="dataset size, for the staging time")
     parser.add_argument("--input-rate-from", metavar="BENCH.json",
-                        help="a common.tools.bench --input-only JSON: the input pipeline's per-core rate bounds the "
-                             "I/O term too")
+                        help="a common.tools.bench --input-only JSON of this config's application and sample shape: "
+                             "the input pipeline's per-core rate bounds the I/O term too")
     parser.add_argument("--input-staged", action="store_true",
                         help="with --input-rate-from: the rate of the staged inflated copies (its staged section)")
-    parser.add_argument("--input-cores-per-rank", type=float, default=1.0,
+    parser.add_argument("--input-cores-per-rank", type=bench.positive_number_argument, default=1.0,
                         help="with --input-rate-from: cores each rank gives its input pipeline (default 1)")
-    parser.add_argument("--sample-bytes", type=float,
+    parser.add_argument("--sample-bytes", type=bench.positive_number_argument,
                         help="bytes read per sample (default: the model input in float32)")
     parser.add_argument("--alpha-beta", action="store_true",
                         help="price every allreduce with the alpha-beta formula, also where the system file holds "
@@ -473,10 +499,12 @@ def main(argv=None) -> int:
             node_counts = []
         if not node_counts or node_counts[0] < 1:
             raise ConfigError(f"--nodes {args.nodes!r}: expected a comma-separated list of positive integers")
-        rate = args.samples_per_second or (rate_from_json(args.rate_from) if args.rate_from else None)
         system = load_system(args.system)
         if args.alpha_beta:
             system = system.model_copy(update={"network": system.network.model_copy(update={"allreduce_s": {}})})
+        # The workload first: a rate read from a file is checked against it.
+        work = workload_from_config(args.config, args.set, None, args.dataset_bytes or 0.0, args.sample_bytes)
+        rate = args.samples_per_second or (rate_from_json(args.rate_from, work) if args.rate_from else None)
         rate_source = "measured"
         one_node_rate = None
         steps_without_gradients = {}
@@ -485,14 +513,11 @@ def main(argv=None) -> int:
             one_node_rate = system.measured_samples_per_second_one_node
             steps_without_gradients = system.step_without_gradients_s
             rate_source = f"measured on {system.name} (its sources say for which config)"
-        work = workload_from_config(args.config, args.set, rate, args.dataset_bytes, args.sample_bytes)
-        work = dataclasses.replace(work, rank_samples_per_second_one_node=one_node_rate,
+        work = dataclasses.replace(work, rank_samples_per_second=rate, rank_samples_per_second_one_node=one_node_rate,
                                    step_without_gradients_s=dict(steps_without_gradients))
         if args.input_rate_from:
-            if args.input_cores_per_rank <= 0:
-                raise ConfigError(f"--input-cores-per-rank {args.input_cores_per_rank}: expected a positive number")
             work = dataclasses.replace(work, input_samples_per_second_per_rank=args.input_cores_per_rank
-                                       * input_rate_from_json(args.input_rate_from, args.input_staged))
+                                       * input_rate_from_json(args.input_rate_from, work, args.input_staged))
         rows = scaling_table(work, system, node_counts)
         if args.png:
             plot(rows, f"{pathlib.Path(args.config).stem} on {system.name}", args.png, args.force)
