@@ -117,13 +117,14 @@ class TrainSection(Section):
     tensorboard: bool = True
     steps_per_execution: PositiveInt = 1
     hang_timeout_s: NonNegativeFloat = Field(
-        120.0, description="exit (code 4) when no step or validation batch completes for this long (0: never)")
+        120.0, description="exit (code 4) when no step or validation batch completes for this long, or the ranks' "
+                           "meeting after a save once the file is written (0: never)")
     startup_timeout_s: NonNegativeFloat = Field(
         1800.0, description="exit (code 4) when start-up (data screening, model build, broadcast, the first "
                             "step's trace) takes longer than this (0: never)")
     save_timeout_s: NonNegativeFloat = Field(
         1800.0, description="exit (code 4) when writing a checkpoint or the final model takes longer (0: never); "
-                            "the ranks waiting for rank 0's write are not taken for hung meanwhile")
+                            "the ranks waiting for rank 0's write are not taken for hung until they see it written")
     max_nonfinite_steps: PositiveInt = Field(
         10, description="with loss scaling: stop after this many NaN/Inf losses in a row")
     gradient_lag: Literal[0, 1] = Field(

@@ -344,9 +344,11 @@ def _start_run_dir(app: Application, cfg: AppConfig, output_dir: pathlib.Path, c
     outputs.mark_run_dir(output_dir, app.name, claim.names, kind=claim.kind)
     if claim.mlperf_path is not None and claim.mlperf_path.name not in claim.names:
         outputs.record_external(output_dir, claim.mlperf_path)
-    if claim.earlier_run:   # --force over a run of this suite: its checkpoints would mix with this run's
+    if claim.earlier_run:   # --force over a run of this suite: its checkpoints and MLPerf log would mix with this run's
         for old in checkpoint.list_checkpoints(output_dir / "checkpoints"):
             old.unlink()
+        if claim.mlperf_path is not None and claim.mlperf_path.name in claim.names:   # in the run folder: ours
+            claim.mlperf_path.unlink(missing_ok=True)
     save_config(cfg, output_dir / "config.yaml", force=force)
     records.reconcile(output_dir, resumed.history, resumed.position[0], resumed.optimizer_step,
                       resumed.checkpoint or "no checkpoint", cfg.train.tensorboard)

@@ -188,6 +188,9 @@ def test_force_starts_a_run_afresh_and_writes_beside_other_files(tiny_cosmo_data
     assert summary["epochs_completed"] == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-epoch-00001.npz"]
     assert (run / "notes.txt").read_bytes() == FOREIGN
+    # The MLPerf log is the new run's alone: one run_start, the one epoch it trained.
+    log = (run / "mlperf.log").read_text()
+    assert log.count('"key": "run_start"') == 1 and log.count('"key": "epoch_stop"') == 1, log[-2000:]
 
 
 def test_a_yaml_file_the_suite_wrote_is_known_by_its_first_line(tmp_path):

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def read_history(path: str | pathlib.Path) -> dict[str, list[float]]:
-    """Columns of a Keras CSVLogger file as float lists (missing values as NaN)."""
+    """Columns of a ``history.csv`` (one row per epoch, as Keras' CSVLogger writes them) as float lists (missing
+    values as NaN)."""
     with open(path, newline="") as handle:
         rows = list(csv.DictReader(handle))
     columns: dict[str, list[float]] = {}
