@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import zlib
@@ -18,6 +19,7 @@ import h5py
 import numpy as np
 import pytest
 
+from common.storage.tfrecord import masked_crc32c
 from conftest import REPO, python_env
 from hep_cnn.synth import write_benchmark
 
@@ -84,11 +86,15 @@ def test_manifest_is_sha256sum_compatible_written_once_and_verify_names_what_dif
     assert into.returncode == 2 and not (cosmo_gzip / "m.sha256").exists()
     good = tool("cosmoflow.data", "verify", "--from", str(cosmo_gzip), "--manifest", str(manifest), "--workers", "2")
     assert good.returncode == 0 and "49 file(s)" in good.stdout, good.stderr
-    # A download gone wrong: one file with a flipped byte (still a valid GZIP stream), one missing, one extra.
+    # A download gone wrong: one file with a changed byte (still a valid GZIP stream of a valid TFRecord: its
+    # checksum made again; only the manifest can tell), one missing, one extra.
     copy = tmp_path / "download"
     shutil.copytree(cosmo_gzip, copy)
     changed, gone = sorted((copy / "train").glob("*.tfrecord"))[:2]
-    changed.write_bytes(gzip.compress(gzip.decompress(changed.read_bytes())[:-1] + b"\x00"))
+    record = bytearray(gzip.decompress(changed.read_bytes()))
+    record[20] ^= 0xFF
+    record[-4:] = struct.pack("<I", masked_crc32c(bytes(record[12:-4])))
+    changed.write_bytes(gzip.compress(bytes(record)))
     gone.unlink()
     (copy / "notes.txt").write_text("mine\n")
     bad = tool("cosmoflow.data", "verify", "--from", str(copy), "--manifest", str(manifest))
@@ -400,3 +406,92 @@ def test_subset_errors_are_one_line_naming_the_path_and_a_link_to_an_empty_folde
     assert (tmp_path / "link").is_symlink() and sorted(os.listdir(tmp_path / "scratch" / "mine")) == sorted(
         os.listdir(hep))
     assert os.listdir(tmp_path / "scratch") == ["mine"]   # no work folder left beside it
+
+
+def tfrecord(*payloads: bytes) -> bytes:
+    """A TFRecord stream of ``payloads``, framed with their checksums as TensorFlow writes them."""
+    out = b""
+    for payload in payloads:
+        length = struct.pack("<Q", len(payload))
+        out += length + struct.pack("<I", masked_crc32c(length)) + payload + struct.pack("<I", masked_crc32c(payload))
+    return out
+
+
+def tfrecord_verdict(path) -> bool:
+    """The suite's own TFRecord reader (every checksum verified): does the file read whole?"""
+    from common.errors import DataError
+    from common.storage.tfrecord import scan_tfrecord
+
+    try:
+        scan_tfrecord(str(path), "gzip" if path.read_bytes()[:2] == b"\x1f\x8b" else "none", verify_data=True)
+    except DataError:
+        return False
+    return True
+
+
+def test_verify_and_manifest_name_a_truncated_or_corrupt_tfrecord_as_the_reader_does(tmp_path):
+    """An uncompressed TFRecord cut in a copy (no GZIP or HDF5 check can see it) is walked record by record:
+    verify names it with the byte where it ends, manifest refuses the folder; the same for a TFRecord cut at a
+    record inside a whole GZIP stream, and a checksum that does not hold.  Verdicts as the suite's reader gives."""
+    whole = tfrecord(b"x" * 30_000, b"y" * 5_000)
+    flipped = bytearray(whole)
+    flipped[100] ^= 1
+    files = {
+        "whole.tfrecord": whole,
+        "empty.tfrecord": b"",
+        "cut-in-data.tfrecord": whole[:20_000],
+        "cut-in-header.tfrecord": whole[:30_016 + 5],
+        "cut-in-footer.tfrecord": whole[:-2],
+        "bad-data-crc.tfrecord": bytes(flipped),
+        "whole.tfrecord.gz": gzip.compress(whole),
+        "inflates-to-a-cut-record.tfrecord.gz": gzip.compress(whole[:-100]),
+        "notes.txt": b"not a TFRecord, and not named one\n",
+    }
+    folder = tmp_path / "files"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    result = tool("cosmoflow.data", "verify", "--from", str(folder))
+    named = {name for name in files if f"error: {folder / name}:" in result.stderr}
+    expected = {name for name in files if name != "notes.txt" and not tfrecord_verdict(folder / name)}
+    assert expected == {"cut-in-data.tfrecord", "cut-in-header.tfrecord", "cut-in-footer.tfrecord",
+                        "bad-data-crc.tfrecord", "inflates-to-a-cut-record.tfrecord.gz"}
+    assert named == expected and result.returncode == 2, result.stderr
+    assert (f"{folder / 'cut-in-data.tfrecord'}: truncated TFRecord file: record 0 (at byte 0) needs bytes up to "
+            "30016, the file ends at byte 20000") in result.stderr
+    assert "the inflated stream ends at byte" in result.stderr and "data checksum of record 0" in result.stderr
+    made = tool("cosmoflow.data", "manifest", "--from", str(folder), "--out", str(tmp_path / "m.sha256"))
+    assert made.returncode == 2 and f"{folder / 'cut-in-data.tfrecord'}: truncated TFRecord" in made.stderr
+    assert made.stderr.strip().endswith("no manifest written") and not (tmp_path / "m.sha256").exists()
+
+
+def test_a_manifest_listing_a_path_twice_or_outside_the_folder_is_refused(tmp_path):
+    """Which of two digests for one path holds would be a guess (the last one used to win); an entry outside
+    the folder is no file of it (it used to be called missing).  One line naming the manifest, the line(s)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.bin").write_bytes(b"a")
+    (tmp_path / "elsewhere.bin").write_bytes(b"e")
+    good = tool("cosmoflow.data", "manifest", "--from", str(folder), "--out", str(tmp_path / "good.sha256"))
+    assert good.returncode == 0, good.stderr
+    line = (tmp_path / "good.sha256").read_text()
+    wrong = "0" * 64 + "  a.bin\n"
+    cases = {"twice.sha256": (wrong + line, "a.bin is listed twice (lines 1 and 2)", 2),
+             "up.sha256": (line + "0" * 64 + "  ../elsewhere.bin\n", "../elsewhere.bin points outside the folder", 2),
+             "absolute.sha256": (line + "0" * 64 + f"  {tmp_path / 'elsewhere.bin'}\n", "points outside the folder", 2)}
+    for name, (text, message, number) in cases.items():
+        (tmp_path / name).write_text(text)
+        result = tool("cosmoflow.data", "verify", "--from", str(folder), "--manifest", str(tmp_path / name))
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, (name, result.stderr)
+        assert result.stderr.startswith(f"error: {tmp_path / name}:{number}: ") and message in result.stderr, name
+
+
+def test_a_second_subset_into_a_finished_one_says_what_it_found(cosmo_gzip, tmp_path):
+    first = tool("cosmoflow.data", "subset", "--from", str(cosmo_gzip), "--to", str(tmp_path / "small"), "--n", "1")
+    assert first.returncode == 0, first.stderr
+    again = tool("cosmoflow.data", "subset", "--from", str(cosmo_gzip), "--to", str(tmp_path / "small"), "--n", "1")
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
+    assert again.stderr.startswith(f"error: {tmp_path / 'small'}: a folder holding 3 entries: README, train/, "
+                                   "validation/ (an earlier subset, or a dataset?)")
+    assert "choose a new --to" in again.stderr
+    assert "expected a" not in again.stderr

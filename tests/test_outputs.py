@@ -280,3 +280,81 @@ def test_a_process_leaves_nothing_in_the_temporary_folder_even_when_killed(tmp_p
     assert len(left) == 1 and (left[0] / "__autograph_generated_file1.py").is_file()
     run_python(["-c", "import common"], env={"TMPDIR": str(tmp)})   # the next process of the suite sweeps it
     assert sorted(p.name for p in tmp.iterdir()) == [users.name] and (users / "notes.txt").read_text() == "mine"
+
+
+# -- the work folder of a killed generation ------------------------------------------------------------------------
+
+# One generation, as a process of its own: fill the work folder halfway, say where it is, then wait to be killed.
+GENERATE = """
+import sys, time
+from common.storage.outputs import generated_folder
+with generated_folder(sys.argv[1], "test data") as work:
+    (work / "half.txt").write_text("half")
+    print(work, flush=True)
+    time.sleep(120)
+"""
+
+
+def start_generation(target: pathlib.Path):
+    """A generation of ``target`` in a process of its own, stopped inside its block: (process, work folder)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, python_env
+
+    process = subprocess.Popen([sys.executable, "-c", GENERATE, str(target)], cwd=REPO, env=python_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    work = pathlib.Path(process.stdout.readline().strip())
+    assert work.parent == target.parent and (work / "half.txt").is_file(), process.stderr.read()
+    return process, work
+
+
+def generate(target: pathlib.Path) -> None:
+    from common.storage.outputs import generated_folder
+
+    with generated_folder(target, "test data") as work:
+        (work / "whole.txt").write_text("whole")
+
+
+def test_a_killed_generations_work_folder_is_removed_by_the_next_one_and_a_running_ones_never(tmp_path):
+    """SIGKILL mid-generation leaves its work folder (nothing can run in the process); the next generation of
+    the same folder removes it (its lock is free) and leaves alone the work folder of a generation still running
+    (its lock is held), a user's folder named like a work folder (no lock file) and another target's."""
+    import signal
+
+    target = tmp_path / "data"
+    users = tmp_path / ".data.mine.partial"   # named as a work folder is, without the lock file: the user's
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    other, other_work = start_generation(tmp_path / "other")   # another target's, killed: not this one's to sweep
+    other.kill()
+    other.wait(timeout=60)
+    running, running_work = start_generation(target)   # started first: the killed one's is left to the next
+    killed, killed_work = start_generation(target)
+    killed.send_signal(signal.SIGKILL)
+    assert killed.wait(timeout=60) == -signal.SIGKILL and killed_work.is_dir()
+    try:
+        generate(target)
+        assert sorted(p.name for p in target.iterdir()) == ["whole.txt"]   # no lock file in the result
+        assert not killed_work.exists()
+        assert (running_work / "half.txt").is_file()   # a concurrent generation's folder: never swept
+        assert (users / "notes.txt").read_text() == "mine" and (other_work / "half.txt").is_file()
+    finally:
+        running.kill()
+        running.wait(timeout=60)
+    generate(tmp_path / "third")   # another target: only its own work folders are its to sweep
+    assert running_work.is_dir() and other_work.is_dir()
+    generate(tmp_path / "other")
+    assert not other_work.exists() and users.is_dir()
+
+
+def test_sigterm_mid_generation_removes_the_work_folder(tmp_path):
+    """``kill`` (SIGTERM, a batch system's cancel) ends a generation as Ctrl-C does: its work folder removed
+    on the way out, exit 143, nothing under the target's name."""
+    import signal
+
+    target = tmp_path / "data"
+    process, work = start_generation(target)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -248,3 +248,45 @@ def test_slurm_env_prints_the_stage_dir_the_job_stages_into():
     assert result.returncode == 2 and result.stderr.strip() == (
         "error: data.stage_dir: /dev/shm/cosmoflow-${SLURM_JOB_ID} names the environment variable $SLURM_JOB_ID, "
         "which is not set here; set it, or set data.stage_dir to a path without it (--set data.stage_dir=...)")
+
+
+# -- a staging killed while writing ----------------------------------------------------------------------------
+
+# A staging whose writes stop halfway: each copy's temporary file holds some bytes, then the process waits to be
+# killed (the format's writer is where a real copy spends its time).
+KILLED_MID_COPY = """
+import glob, pathlib, sys, time
+from common.distributed import Distributed
+from common.storage.data import StagedFormat, stage_files
+
+def write(source, destination):
+    pathlib.Path(destination).write_bytes(b"half a copy")
+    print("writing", flush=True)
+    time.sleep(120)
+
+data, stage = sys.argv[1], sys.argv[2]
+stage_files(sorted(glob.glob(data + "/*.tfrecord")), stage, Distributed(), data_dir=data,
+            staged_format=StagedFormat("slow", "", write))
+"""
+
+
+def test_the_partial_copies_of_a_killed_staging_are_removed_by_the_next_one(tmp_path, caplog):
+    """SIGKILL while copying leaves the copies' temporary files (``.<name>.<random>.partial``) in the rank
+    folder; the next staging there, holding the folder's lock, removes them and stages every file whole.  A
+    file of another name is left alone."""
+    ours = write_dataset(tmp_path / "data", b"data")
+    stage = tmp_path / "stage"
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_MID_COPY, str(tmp_path / "data"), str(stage)], cwd=REPO,
+                              env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert killed.stdout.readline().strip() == "writing", killed.stderr.read()
+    killed.kill()
+    killed.wait(timeout=60)
+    partial = sorted(p.name for p in (stage / "rank-0").glob(".*.partial"))
+    assert partial and all(name.split(".")[1] in ("a", "b", "c") for name in partial), partial
+    other = stage / "rank-0" / ".notes.txt.x1.partial"   # no name this staging lists or writes
+    other.write_text("not a copy of ours")
+    with caplog.at_level("WARNING", logger="common.storage.data"):
+        again = stage_files(sources(tmp_path / "data"), str(stage), Distributed(), data_dir=str(tmp_path / "data"))
+    assert {pathlib.Path(p).name: pathlib.Path(p).read_bytes() for p in again} == ours
+    assert sorted(p.name for p in (stage / "rank-0").glob(".*.partial")) == [other.name]
+    assert f"removed {len(partial)} partial cop" in caplog.text

@@ -429,6 +429,25 @@ def staged_entries(target: pathlib.Path) -> dict[str, dict]:
     return staged
 
 
+def remove_killed_copies(target: pathlib.Path, names) -> int:
+    """Remove the temporary files (:func:`common.storage.outputs.atomic_path`'s ``.<name>.<random>.partial``)
+    that a staging killed while writing left in the rank folder ``target``, of the ``names`` it stages or its
+    manifest lists: only while holding the folder's lock (:func:`hold_stage_lock`), so no copy is being written
+    there.  Any other file is left alone.  How many were removed (a warning says so)."""
+    pattern = re.compile(r"\.(?P<name>.+)\.[A-Za-z0-9_]+\.partial")
+    removed = 0
+    for entry in target.iterdir():
+        match = pattern.fullmatch(entry.name)
+        if match and match["name"] in names and entry.is_file() and not entry.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                removed += 1
+    if removed:
+        log.warning(f"{target}: removed {removed} partial cop{'y' if removed == 1 else 'ies'} left by a staging "
+                    "that ended while writing (killed)")
+    return removed
+
+
 def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress: bool = False,
                 staged_format: StagedFormat | None = None, data_dir: str | None = None) -> list[str]:
     """Copy this rank's share of ``files`` to ``stage_dir/rank-<r>`` (parallel copies); with ``decompress``,
@@ -449,7 +468,8 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress:
     CRC-32C, read again); otherwise it is staged again.  The manifest records
     each copy's source identity, the way, the copy's identity and CRC-32C.
     A folder holding files the manifest does not list is refused, and only
-    listed files are ever replaced.  A write that fails (a full disk, a file
+    listed files are ever replaced; the partial copies a killed staging left
+    are removed (:func:`remove_killed_copies`).  A write that fails (a full disk, a file
     size limit) is a one-line error naming the file and the folder.
     """
     root = pathlib.Path(expand_environment(stage_dir, "data.stage_dir"))
@@ -470,6 +490,7 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress:
     staged_entries(target)   # a user's folder is refused before the lock file is made in it
     hold_stage_lock(target)
     staged = staged_entries(target)   # again, now that no other process can stage here
+    remove_killed_copies(target, {*staged, *names, STAGE_MANIFEST})
     identities = {name: source_identity(source) for name, source in zip(names, mine)}
     format_name = staged_format.name if staged_format else None
     write = staged_format.write if staged_format else gunzip_with_crc32c if decompress else copy_with_crc32c

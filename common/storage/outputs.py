@@ -4,7 +4,9 @@
    ever fills a folder that is absent or empty: it is written into a new
    temporary folder beside it, created by the same call, which is renamed
    into place when complete (:func:`generated_folder`).  A folder that holds
-   anything is an error naming what was expected and what was found.
+   anything is an error naming what was expected and what was found.  The
+   work folder of a killed generation is removed by the next generation of
+   the same folder (its lock, held for the generation's life, is free).
 2. A file is replaced only when the suite wrote it, as the file itself says:
    HDF5 and netCDF-4 files carry a ``written_by`` attribute, JSON files a
    ``written_by`` key, PNG figures a ``written_by`` text chunk, ``.npz`` files a
@@ -30,15 +32,21 @@ import datetime
 import errno
 import fcntl
 import json
+import logging
 import os
 import pathlib
+import re
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 
 import numpy as np
 
 from common.errors import DataError, UserInputError
+
+log = logging.getLogger(__name__)
 
 # Imported where used, not here: h5py, Pillow and numpy, only to mark or write such a file: the TensorFlow-free
 # command line (--help, config checks) imports this module.
@@ -305,7 +313,12 @@ def generated_folder(target, expected: str):
 
     ``target`` must be absent or empty (:func:`require_fillable`).  The work
     folder is created here, beside ``target``, and removed here if the block
-    fails: the only folder this ever removes.  A ``target`` that is a symbolic
+    fails (SIGTERM included, where nothing else handles it).  It holds a lock
+    file, flocked for the generation's life, so that the work folder of a
+    process killed outright (SIGKILL, a lost node) is removed by the next
+    generation of the same ``target`` (:func:`sweep_work_folders`), while a
+    running generation's is never touched: the only folders this ever removes.
+    A ``target`` that is a symbolic
     link to an empty folder is written through: the work folder is made beside
     the folder it points to and renamed onto it, and the link is left as it is.
     Whatever would stop the final rename that can be known before the work (a
@@ -328,16 +341,19 @@ def generated_folder(target, expected: str):
                         "nothing was written")
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
-        work = pathlib.Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".partial",
-                                             dir=destination.parent))
+        sweep_work_folders(destination)
+        work, lock_fd = _claim_work_folder(destination)
     except OSError as exc:
         raise DataError(f"{destination}{through}: cannot create a work folder in {destination.parent} "
                         f"({exc.strerror}), where the generated data is written before it is renamed into place; "
                         "nothing was written") from None
     honour_umask(work, directory=True)
     try:
-        yield work
+        with _terminate_as_exit():
+            yield work
         try:
+            if lock_fd is not None:   # held until the rename: a folder without its lock file is never swept
+                os.unlink(work / WORK_LOCK)
             os.rename(work, destination)   # onto an absent or empty folder only; atomic
         except OSError as exc:
             require_fillable(destination, expected)   # something appeared there meanwhile: say what
@@ -346,6 +362,95 @@ def generated_folder(target, expected: str):
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+# The lock file of a work folder of :func:`generated_folder`: flocked by the generating process for its life.
+WORK_LOCK = ".hpc-dl-suite-work.lock"
+
+
+def _work_folder_pattern(destination: pathlib.Path) -> re.Pattern:
+    """The names of ``destination``'s work folders (``.<name>.<mkdtemp's random part>.partial``) and no others."""
+    return re.compile(re.escape(f".{destination.name}.") + r"[A-Za-z0-9_]+\.partial")
+
+
+def _claim_work_folder(destination: pathlib.Path) -> tuple[pathlib.Path, int | None]:
+    """A new work folder beside ``destination`` and the descriptor of its flocked lock file (None on a file
+    system without locks: then it has no lock file, and no sweep ever takes it)."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".partial", dir=destination.parent))
+    try:
+        # Locked before it gets its name: a process sweeping at the same instant never sees it free.
+        fd = os.open(work / f"{WORK_LOCK}.new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(work / f"{WORK_LOCK}.new")
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            return work, None
+        os.rename(work / f"{WORK_LOCK}.new", work / WORK_LOCK)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return work, fd
+
+
+def sweep_work_folders(destination) -> list[pathlib.Path]:
+    """Remove the work folders of earlier generations of ``destination`` that ended without removing theirs (a
+    SIGKILL, a lost node): folders beside it named as :func:`generated_folder` names them, holding its lock
+    file, whose lock no process holds.  A generation still running holds its lock: its folder is left alone."""
+    destination = pathlib.Path(destination)
+    pattern = _work_folder_pattern(destination)
+    removed = []
+    try:
+        candidates = [entry for entry in destination.parent.iterdir() if pattern.fullmatch(entry.name)]
+    except OSError:
+        return removed
+    for folder in candidates:
+        lock = folder / WORK_LOCK
+        if folder.is_symlink() or not folder.is_dir() or lock.is_symlink() or not lock.is_file():
+            continue
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue   # held: that generation is running
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed.append(folder)
+    if removed:
+        log.warning(f"{destination.parent}: removed {len(removed)} work folder(s) of an earlier generation of "
+                    f"{destination.name} that ended before it finished ({', '.join(f.name for f in removed)})")
+    return removed
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """SIGTERM (``kill``, a batch system's cancel) ends the block as Ctrl-C does, by an exception, so that the
+    work folder is removed on the way out; only where SIGTERM would otherwise end the process at once (the
+    default handler, the main thread): a handler someone installed is left as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # -- run directories ----------------------------------------------------------------------
@@ -480,8 +585,9 @@ def check_run_kind(folder, kind: str, resume: bool, instances: int | None = None
         raise UserInputError(f"{folder}: is one instance of the job{count} in {folder.parent}; {RUN_KINDS[kind]} "
                              "here would mix with the job's: run or resume the whole job "
                              f"(--output-dir {folder.parent}), or choose another --output-dir")
-    raise UserInputError(f"{folder}: holds {RUN_KINDS[found_kind]} (its own checkpoints and records); "
-                         f"{RUN_KINDS[kind]} would train beside it: choose another --output-dir")
+    what = " (its own checkpoints and records)" if found_kind == "run" else ""
+    raise UserInputError(f"{folder}: holds {RUN_KINDS[found_kind]}{what}; {RUN_KINDS[kind]} would "
+                         f"{'write' if kind == 'profile' else 'train'} beside it: choose another folder")
 
 
 def record_external(run_dir, path) -> None:

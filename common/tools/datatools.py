@@ -1,7 +1,7 @@
 """Data tools for a dataset folder in an application's published layout: a small reproducible subset to try
 things on, a sha256 manifest written once, and a parallel verification of a download against it (with every
-GZIP stream inflated and every HDF5 file's size checked against its superblock, so a corrupt or truncated file
-is named even without a manifest).
+GZIP stream inflated, every TFRecord stream walked record by record and every HDF5 file's size checked against
+its superblock, so a corrupt or truncated file is named even without a manifest).
 
 Run through the application's data module, which knows which files hold samples::
 
@@ -29,8 +29,11 @@ Everything is checked, and every HEP file's samples counted, before anything is 
 ``manifest`` writes ``sha256sum``-compatible lines (``<hex>  <path relative to the folder>``), sorted, to a
 new file outside the folder (an existing one is refused: a manifest is written once).  ``verify`` re-reads
 every file in parallel threads with a progress bar and names, one line each: files that differ from the
-manifest, files it lists that are missing, GZIP files that do not inflate to their end, HDF5 files shorter
-than their superblock says (cut) or without the HDF5 signature, and entries that are no readable files.
+manifest, files it lists that are missing, GZIP files that do not inflate to their end, TFRecord streams
+(plain or inflated) with a checksum that does not hold or that do not end where a record ends (cut), HDF5 files
+shorter than their superblock says (cut) or without the HDF5 signature, and entries that are no readable files.
+``manifest`` refuses any such file.  A manifest that lists a path twice, or a path outside the folder, is
+refused.
 Against a manifest it says how many files the manifest lists and the folder holds; an empty manifest verifies
 nothing and is refused, and sample files the manifest does not list are a problem (counted, the first few
 named): a partial manifest says nothing about them, so it cannot call the folder verified.  Other files it does
@@ -47,19 +50,24 @@ import fnmatch
 import hashlib
 import os
 import pathlib
+import posixpath
 import shutil
+import struct
 import sys
 import zlib
 
+import google_crc32c
 import numpy as np
 
 from common.errors import EXIT_BAD_INPUT, UserInputError
+from common.storage.tfrecord import masked_crc32c   # google-crc32c only, no TensorFlow
 from common.storage.sample_files import bad_entries_message, entry_problem
 
 CHUNK_BYTES = 4 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 HDF5_NAMES = (".h5", ".hdf5")   # files that must be HDF5 (a .nc file may be netCDF-3, which is not)
+TFRECORD_NAMES = (".tfrecord", ".tfrecords")   # uncompressed files that must be TFRecord streams
 NAMED_AT_MOST = 3   # names listed in a one-line message before the rest are counted
 
 
@@ -182,12 +190,16 @@ class Draw:
 def subset(layout: Layout, source, target, n: int, seed: int = 0) -> dict:
     """Write the subset of ``source`` into ``target`` (see the module's docstring); what was written."""
     # deferred: the folder writer only for the subset
-    from common.storage.outputs import generated_folder, require_fillable
+    from common.storage.outputs import folder_summary, generated_folder, is_empty_folder, require_fillable
 
     source, target = _source_folder(source), pathlib.Path(target)
     if n < 1:
         raise UserInputError(f"--n {n}: expected a positive number of samples per folder")
     _check_apart(source, target, "--to")
+    if target.is_dir() and not is_empty_folder(target):   # a finished subset looks like any dataset: never filled
+        raise UserInputError(f"{target}: a folder holding {folder_summary(target)} (an earlier subset, or a "
+                             "dataset?); a subset is written only into an absent or empty folder: choose a new "
+                             "--to; nothing was written")
     require_fillable(target, f"a {layout.name} subset")
     listing = readable_listing(source, layout, "nothing was written")
     groups: dict[tuple[str, str], list[pathlib.Path]] = {}
@@ -305,16 +317,23 @@ class FileCheck:
 
 def check_file(path: pathlib.Path, inflate: bool = True) -> FileCheck:
     """sha256 of ``path``; a GZIP file (by its magic bytes) is also inflated to its end, member by member, so
-    that a corrupt member (zlib's CRC-32 and length checks) or a truncated one is the file's problem; an HDF5
-    file (by its signature, or its name) is checked against its superblock (:func:`hdf5_problem`)."""
+    that a corrupt member (zlib's CRC-32 and length checks) or a truncated one is the file's problem; a TFRecord
+    file (by its name, or a first record header whose checksum holds; a GZIP file's inflated stream by the
+    latter) is walked record by record (:class:`TFRecordWalk`); an HDF5 file (by its signature, or its name) is
+    checked against its superblock (:func:`hdf5_problem`)."""
     digest = hashlib.sha256()
     gzipped, inflater, position, problem, head = False, None, 0, None, b""   # inflater None: at a member's start
+    records = None
     try:
         with open(path, "rb") as handle:
             while chunk := handle.read(CHUNK_BYTES):
                 digest.update(chunk)
                 if position == 0:
                     gzipped, head = inflate and chunk[:2] == GZIP_MAGIC, chunk
+                    records = TFRecordWalk(required=not gzipped and pathlib.Path(path).suffix in TFRECORD_NAMES,
+                                           stream="inflated stream" if gzipped else "file")
+                if not gzipped:
+                    records.feed(chunk)
                 data = chunk if gzipped and problem is None else b""
                 offset = position
                 while data:
@@ -323,10 +342,10 @@ def check_file(path: pathlib.Path, inflate: bool = True) -> FileCheck:
                             problem = f"bytes that are no GZIP member after the last one, at byte {offset}"
                             break
                         inflater = zlib.decompressobj(wbits=31)
-                    try:   # output discarded, at most CHUNK_BYTES of it at a time
-                        inflater.decompress(data, CHUNK_BYTES)
+                    try:   # at most CHUNK_BYTES of output at a time, walked as a TFRecord stream and dropped
+                        records.feed(inflater.decompress(data, CHUNK_BYTES))
                         while inflater.unconsumed_tail and not inflater.eof:
-                            inflater.decompress(inflater.unconsumed_tail, CHUNK_BYTES)
+                            records.feed(inflater.decompress(inflater.unconsumed_tail, CHUNK_BYTES))
                     except zlib.error as exc:
                         problem = f"corrupt GZIP member, in bytes {position}-{position + len(chunk)} ({exc})"
                         break
@@ -339,9 +358,95 @@ def check_file(path: pathlib.Path, inflate: bool = True) -> FileCheck:
         return FileCheck(str(path), problem=f"cannot be read ({exc.strerror or exc})")
     if problem is None and inflater is not None:
         problem = f"truncated GZIP member (the file ends at byte {position}, inside it)"
+    if problem is None and records is not None:
+        problem = records.finish()
     if problem is None and not gzipped:
         problem = hdf5_problem(head, position, pathlib.Path(path).suffix.lower() in HDF5_NAMES)
     return FileCheck(str(path), digest.hexdigest(), problem)
+
+
+def _masked(crc: int) -> int:
+    """TFRecord's mask of a CRC-32C (as :func:`common.storage.tfrecord.masked_crc32c` applies it)."""
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+class TFRecordWalk:
+    """A TFRecord stream fed in pieces, walked record by record: each record is an 8-byte little-endian length,
+    the masked CRC-32C of those 8 bytes, the data, and the masked CRC-32C of the data.  Every checksum must hold
+    and the stream must end exactly where a record ends: an uncompressed TFRecord cut in a copy or a download
+    (which no other check sees) is named with the record and the byte where it was cut.
+
+    ``required``: the stream must be a TFRecord (its name says so); otherwise it is walked only when its first
+    header's checksum holds (one chance in 2**32 for other bytes), and anything else is left alone.
+    """
+
+    def __init__(self, required: bool, stream: str = "file"):
+        self.required, self.stream = required, stream
+        self.active = True   # False once the first header shows it is no TFRecord (and none was required)
+        self.record = 0      # records walked whole
+        self.start = 0       # where the current record starts
+        self.header = b""    # the current record's header, as far as it has come
+        self.length = 0
+        self.remaining = None   # data bytes of the current record still to come (None: in its header)
+        self.crc = 0
+        self.footer = b""
+        self.problem: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        at = 0   # an index into ``data``, not slices of it: a chunk of data bytes is handed to the CRC uncopied
+        while at < len(data) and self.active and self.problem is None:
+            if self.remaining is None:
+                take = 12 - len(self.header)
+                self.header += data[at:at + take]
+                at += take
+                if len(self.header) < 12:
+                    return
+                self.length, length_crc = struct.unpack("<QI", self.header)
+                if masked_crc32c(self.header[:8]) != length_crc:
+                    if self.record == 0 and not self.required:
+                        self.active = False   # not a TFRecord
+                        return
+                    self.problem = (f"corrupt TFRecord file: the length checksum of record {self.record} (at byte "
+                                    f"{self.start}{self._of()}) does not match")
+                    return
+                self.remaining, self.crc, self.footer = self.length, 0, b""
+            elif self.remaining:
+                take = min(self.remaining, len(data) - at)
+                self.crc = google_crc32c.extend(self.crc, data if take == len(data) else data[at:at + take])
+                self.remaining -= take
+                at += take
+            else:
+                take = 4 - len(self.footer)
+                self.footer += data[at:at + take]
+                at += take
+                if len(self.footer) < 4:
+                    return
+                if _masked(self.crc) != struct.unpack("<I", self.footer)[0]:
+                    self.problem = (f"corrupt TFRecord file: the data checksum of record {self.record} (at byte "
+                                    f"{self.start}{self._of()}) does not match")
+                    return
+                self.record += 1
+                self.start += 12 + self.length + 4
+                self.header, self.remaining = b"", None
+
+    def finish(self) -> str | None:
+        """The stream's problem once it has ended (None: whole, or no TFRecord)."""
+        if self.problem or not self.active:
+            return self.problem
+        if self.remaining is None and not self.header:
+            return None   # at a record's end
+        if self.remaining is None and self.record == 0 and not self.required:
+            return None   # fewer than 12 bytes, not named a TFRecord: nothing says it is one
+        if self.remaining is None:
+            return (f"truncated TFRecord file: it ends inside the header of record {self.record} (the {self.stream} "
+                    f"ends at byte {self.start + len(self.header)}, after {self.record} whole record(s))")
+        ends = self.start + 12 + self.length - self.remaining + len(self.footer)
+        return (f"truncated TFRecord file: record {self.record} (at byte {self.start}) needs bytes up to "
+                f"{self.start + 12 + self.length + 4}, the {self.stream} ends at byte {ends} "
+                f"(after {self.record} whole record(s))")
+
+    def _of(self) -> str:
+        return " of the inflated stream" if self.stream != "file" else ""
 
 
 # Where a superblock keeps its "size of offsets" byte and its first address (the base address, followed by one
@@ -419,17 +524,29 @@ def write_manifest(source, out, workers: int = 0, progress: bool = True, layout:
 
 
 def read_manifest(path) -> dict[str, str]:
+    """{path relative to the folder: sha256} of a manifest in sha256sum's format.  Refused (one line naming the
+    manifest and the line): a line of another format, an entry that points outside the folder (an absolute
+    path, or one that climbs out with ``..``: the folder's own files are what is verified), and a path given
+    twice (which of its two digests holds would be a guess)."""
     path = pathlib.Path(path)
-    entries = {}
+    entries: dict[str, str] = {}
+    lines: dict[str, int] = {}
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserInputError(f"{path}: --manifest cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
     for number, line in enumerate(text.splitlines(), 1):
-        digest, _, name = line.partition("  ")
-        if len(digest) != 64 or not name or any(c not in "0123456789abcdef" for c in digest):
+        digest, _, given = line.partition("  ")
+        if len(digest) != 64 or not given or any(c not in "0123456789abcdef" for c in digest):
             raise UserInputError(f"{path}:{number}: expected '<64 hex digits>  <relative path>' (sha256sum's format)")
-        entries[name] = digest
+        name = posixpath.normpath(given)
+        if posixpath.isabs(name) or name == ".." or name.startswith("../"):
+            raise UserInputError(f"{path}:{number}: {given} points outside the folder verified; a manifest lists "
+                                 "the folder's files by their paths relative to it")
+        if name in lines:
+            raise UserInputError(f"{path}:{number}: {given} is listed twice (lines {lines[name]} and {number}); "
+                                 "one file has one sha256: remove the wrong line, or write the manifest again")
+        entries[name], lines[name] = digest, number
     return entries
 
 
@@ -543,6 +660,7 @@ def report_verdict(verdict: Verdict, source: str, manifest: str | None) -> int:
         print(f"verify: {verdict.checked} file(s) under {source} read whole; {manifest} lists {verdict.listed}, "
               f"each present and matching{others}")
     else:
-        print(f"verify: {verdict.checked} file(s) under {source} read whole (GZIP streams inflated, HDF5 files "
+        print(f"verify: {verdict.checked} file(s) under {source} read whole (GZIP streams inflated, TFRecord "
+              "streams walked record by record, HDF5 files "
               "checked against their superblocks; no manifest: contents not compared)")
     return 0
