@@ -399,7 +399,7 @@ def read_yaml(path: str | pathlib.Path) -> dict:
     or repeats a key (naming the key and both lines) or expands without bound through its aliases."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+        raise ConfigError(f"{path}: " + ("a folder, not a YAML config file" if path.is_dir() else "config file not found"))
     try:
         raw = _load_yaml(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -40,46 +40,94 @@ def instance_dir(output_dir, k: int) -> pathlib.Path:
     return pathlib.Path(output_dir) / f"instance-{k}"
 
 
-def claim_parent(app, output_dir: pathlib.Path, instances: int, resume: bool, force: bool,
-                 lock_holder: list) -> str | None:
-    """World rank 0, before any instance writes: the job's folder holds nothing but this suite's job of
-    ``instances`` instances (None), or the one-line reason it is refused.  Takes the folder's lock (into
-    ``lock_holder``, held for the job's life: a second job, or a lone run, on the folder is refused), then
-    marks it as a job's, listing what the job writes."""
-    try:
-        outputs.check_writable_folder(output_dir, "--output-dir")
-        outputs.check_run_dir(output_dir, resume, force)
-        outputs.check_run_kind(output_dir, "instances", resume, instances)
-        outputs.check_run_files(output_dir, [INSTANCES_JSON], force)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        lock = outputs.RunDirLock(output_dir, f"{app.name}.train (distributed.instances={instances})").acquire()
-        lock_holder.append(lock)
-        if lock.warning:
-            log.warning(lock.warning)
-        outputs.mark_run_dir(output_dir, app.name, files=[INSTANCES_JSON, *[f"instance-{k}/" for k in range(instances)]],
-                             kind="instances", instances=instances)
-    except UserInputError as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"{output_dir}: --output-dir cannot be prepared ({exc.strerror})"
-    return None
+class JobFolder:
+    """The job's folder, claimed by world rank 0 before any instance checks its own: nothing but this suite's
+    job of ``instances`` instances (:meth:`claim`: the checks, then the folder's lock, held for the job's
+    life: a second job, or a lone run, on it is refused); marked as the job's only once every instance has
+    passed its own checks (:meth:`commit`); a refused job leaves it as it was (:meth:`release`)."""
+
+    def __init__(self, app, output_dir: pathlib.Path, instances: int, resume: bool, force: bool):
+        self.app, self.output_dir, self.instances = app, output_dir, instances
+        self.resume, self.force = resume, force
+        self.lock = None
+        self.created: list[pathlib.Path] = []   # by the claim: the lock file, the folders (innermost first)
+        self.committed = False
+
+    def claim(self) -> str | None:
+        """None, or the one-line reason the folder is refused (nothing written then)."""
+        output_dir = self.output_dir
+        try:
+            outputs.check_writable_folder(output_dir, "--output-dir")
+            outputs.check_run_dir(output_dir, self.resume, self.force)
+            outputs.check_run_kind(output_dir, "instances", self.resume, self.instances)
+            outputs.check_run_files(output_dir, [INSTANCES_JSON], self.force)
+            missing = [folder for folder in (output_dir, *output_dir.parents) if not folder.exists()]
+            output_dir.mkdir(parents=True, exist_ok=True)
+            lock_path = output_dir / outputs.RUN_LOCK
+            new_lock = not lock_path.exists()
+            self.lock = outputs.RunDirLock(output_dir, f"{self.app.name}.train (distributed.instances="
+                                                       f"{self.instances})").acquire()
+            self.created = ([lock_path] if new_lock else []) + missing
+            if self.lock.warning:
+                log.warning(self.lock.warning)
+        except UserInputError as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"{output_dir}: --output-dir cannot be prepared ({exc.strerror})"
+        return None
+
+    def commit(self) -> None:
+        """Mark the folder as a job's, listing what the job writes (every instance has passed its checks)."""
+        outputs.mark_run_dir(self.output_dir, self.app.name,
+                             files=[INSTANCES_JSON, *[f"instance-{k}/" for k in range(self.instances)]],
+                             kind="instances", instances=self.instances)
+        self.committed = True
+
+    def release(self) -> None:
+        """Release the lock; a job refused before it committed leaves no trace of the claim."""
+        if self.lock is None:
+            return
+        if not self.committed:
+            if not self.created:
+                self.lock.restore()
+            for path in self.created:
+                try:
+                    path.unlink() if path.name == outputs.RUN_LOCK else path.rmdir()   # folders only when empty
+                except OSError:
+                    break
+        self.lock.release()
+        self.lock = None
 
 
 def run_instances(app, cfg, dist, output_dir, train_one, resume: bool = False, force: bool = False) -> int:
-    """Train this rank's instance with ``train_one(app, cfg, dist, run_dir) -> (exit code, summary, reason)``,
-    then gather every instance's outcome; returns the job's exit code."""
+    """Train this rank's instance with ``train_one(app, cfg, dist, run_dir, gate) -> (exit code, summary,
+    reason)``, then gather every instance's outcome; returns the job's exit code.
+
+    ``gate(refusal, final)`` is what the trainer calls on every rank after its instance's run folder is claimed
+    and again once its checks are done (the data, the model, the checkpoint; ``final``), before it writes
+    anything: every instance's verdict is gathered over the job, so one instance's bad override stops every
+    instance before any of them writes."""
     output_dir = pathlib.Path(output_dir)
     configs = instance_configs(app.config_schema, cfg)   # every instance's config checked, on every rank
     k = dist.instance_index
     logs.configure(dist.rank, dist.size, ("common", app.package), instance=k)
-    lock_holder: list = []
+    job_folder = JobFolder(app, output_dir, cfg.distributed.instances, resume, force)
     try:
-        refusal = (claim_parent(app, output_dir, cfg.distributed.instances, resume, force, lock_holder)
-                   if dist.world_rank == 0 else None)
+        refusal = job_folder.claim() if dist.world_rank == 0 else None
         refusal = dist.world_allgather_object(refusal)[0]
         if refusal is not None:
             raise UserInputError(refusal)
-        code, summary, reason = train_one(app, configs[k], dist, instance_dir(output_dir, k))
+
+        def gate(refusal: str | None, final: bool) -> None:
+            verdicts = dist.world_allgather_object((k, refusal))
+            refused = [(index, reason) for index, reason in verdicts if reason is not None]
+            if refused:
+                index, reason = refused[0]
+                raise UserInputError(f"instance {index} of {cfg.distributed.instances}: {reason}; no instance started")
+            if final and dist.world_rank == 0:
+                job_folder.commit()
+
+        code, summary, reason = train_one(app, configs[k], dist, instance_dir(output_dir, k), gate)
         if code not in OUTCOMES:
             return code
         records = dist.world_allgather_object({"instance": k, "rank": dist.rank, "exit_code": code, "reason": reason,
@@ -92,8 +140,7 @@ def run_instances(app, cfg, dist, output_dir, train_one, resume: bool = False, f
         dist.world_barrier()
         return job_exit_code([row["exit_code"] for row in report["instances"]])
     finally:
-        for lock in lock_holder:
-            lock.release()
+        job_folder.release()
 
 
 def summarize(cfg, records: list[dict], output_dir: pathlib.Path) -> dict:

@@ -123,9 +123,15 @@ def prepare_data(app: Application, cfg: AppConfig, dist: Distributed, check_devi
         # Instances may share a data folder: each folder is prepared once, by the first instance reading it.
         folder = str(pathlib.Path(cfg.data.data_dir).resolve()) if dist.is_root else None
         folders = dist.world_allgather_object(folder)
+        refused = None
         if dist.is_root and folder not in folders[:dist.world_rank]:
-            app.prepare_data(cfg)
+            try:
+                app.prepare_data(cfg)
+            except UserInputError as exc:   # after the job's barrier, which every rank must reach
+                refused = exc
         dist.world_barrier()
+        if refused is not None:
+            raise refused
     elif app.prepare_data is not None:
         if dist.is_root:
             app.prepare_data(cfg)
@@ -366,8 +372,12 @@ def _check_final_weights(network: keras.Model, dist: Distributed) -> None:
 
 def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str | pathlib.Path,
           resume: bool = False, measure_peak: bool = False, force: bool = False,
-          stop_request: StopRequest | None = None) -> dict:
+          stop_request: StopRequest | None = None, gate=None) -> dict:
     """Train ``app`` as configured; write the run directory; return the summary.
+
+    ``gate(refusal, final)``: a job of several instances (:func:`common.instances.run_instances`) is told, on
+    every rank, that this instance's claim and then its checks passed (None) or why they did not, before
+    anything is written; it raises when any instance was refused, so no instance writes.
 
     ``force``: start afresh in a run directory of an earlier run (its checkpoints are removed) or write
     into one that holds files the suite did not write (the run's own file names replace theirs).
@@ -385,7 +395,7 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     attempt = attempts.Attempt(output_dir, f"{app.name}.train", force)   # recorded once the run directory is started
     try:
         summary = _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request, watchdog, started,
-                         lock_holder, started_dir, attempt)
+                         lock_holder, started_dir, attempt, gate)
         attempt.end_with(None)
         return summary
     except NonFiniteLoss as exc:
@@ -422,19 +432,40 @@ def _undo_claim(lock) -> None:
 
 
 def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request, watchdog, started,
-           lock_holder, started_dir, attempt) -> dict:
+           lock_holder, started_dir, attempt, gate=None) -> dict:
     checkpoint_dir = output_dir / "checkpoints"
-    claim = _claim_run_dir(app, cfg, dist, output_dir, resume, force, lock_holder)
-    if resume:
-        _keep_global_batch(cfg, dist, claim)
-    configure_determinism(cfg, dist)
-    datasets = prepare_data(app, cfg, dist)
-    run = prepare_run(app, cfg, dist, datasets)
+    # With a job's gate, each instance's checks are gathered over the job twice: after the claims (before
+    # prepare_data, whose data preparation is a collective of the job), then before anything is written.
+    refusal = None
+    try:
+        claim = _claim_run_dir(app, cfg, dist, output_dir, resume, force, lock_holder)
+        if resume:
+            _keep_global_batch(cfg, dist, claim)
+    except UserInputError as exc:
+        if gate is None:
+            raise
+        refusal = str(exc)
+    if gate is not None:
+        gate(refusal, final=False)   # raises on every rank of the job when any instance was refused
+    try:
+        configure_determinism(cfg, dist)
+        datasets = prepare_data(app, cfg, dist)
+        run = prepare_run(app, cfg, dist, datasets)
+        resumed = _load_resume_state(run, cfg, dist, claim, resume)
+    except UserInputError as exc:
+        if gate is None:
+            raise
+        refusal = str(exc)
+    if gate is not None:
+        gate(refusal, final=True)
     network, model = run.network, run.model
     forward_flops, global_batch_size, peak_lr, schedule = (run.forward_flops, run.global_batch_size,
                                                            run.peak_learning_rate, run.schedule)
-    resumed = _load_resume_state(run, cfg, dist, claim, resume)
     position = resumed.position
+    if dist.is_root and resumed.checkpoint is not None and position[0] >= cfg.train.epochs:
+        log.warning(f"{resumed.checkpoint} has completed {position[0]} epoch(s) and train.epochs is "
+                    f"{cfg.train.epochs}: nothing is left to train; model.keras gets the checkpoint's weights "
+                    "(raise train.epochs to train on)")
     # Written only once the run directory, the config, the data, the model and the checkpoint have passed
     # their checks: bad input overwrites nothing.
     started_dir.append(True)

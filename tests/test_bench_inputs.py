@@ -123,7 +123,8 @@ def test_scaling_takes_a_rate_measured_for_the_workload_it_projects_only(tmp_pat
     assert "no staged section" in refused(input_only_result(), staged=True)
     assert "not a common.tools.bench result" in refused({"samples_per_second": 3})
     assert "not a JSON file" in refused('{"app": "cosmoflow", ')
-    assert "a JSON list; expected a JSON object" in refused("[1, 2]")
+    assert "a JSON array; expected a JSON object" in refused("[1, 2]")
+    assert "a JSON null; expected a JSON object" in refused("null")
     with pytest.raises(DataError, match=f"^{tmp_path / 'absent.json'}: cannot be read"):
         scaling.input_rate_from_json(str(tmp_path / "absent.json"), work)
     # A run's summary.json: its application and its network (the forward FLOPs per sample).

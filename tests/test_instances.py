@@ -19,7 +19,7 @@ import pytest
 from common.config import instance_configs, load_config
 from common.errors import ConfigError
 from common.instances import job_exit_code, summarize, table, weak_scaling
-from conftest import REPO, python_env, run_python, tiny_cosmo_overrides
+from conftest import REPO, last_json_line, python_env, run_python, tiny_cosmo_overrides
 from cosmoflow.config import CosmoflowConfig
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
@@ -177,6 +177,22 @@ def test_a_job_folder_and_a_lone_runs_folder_are_never_mixed(two_instances, tiny
                         ranks=2, check=False)
     refused_with(result, "holds a training run (its own checkpoints and records); a job of several instances")
     assert tree_snapshot(lone) == before
+
+
+@pytest.mark.horovod
+def test_an_instance_that_cannot_start_stops_the_job_before_any_instance_writes(tiny_cosmo_data, tmp_path):
+    """Instance 1's override gives a network that does not fit the samples: every instance hears it before any
+    writes (no job folder left behind), and --dry-run builds every instance's network, so it refuses it too."""
+    bad = ["--set", "distributed.instances=2", "--set",
+           "distributed.instance_overrides=[{}, {model.conv_blocks: 40}]"]
+    result = run_python(train_args(tiny_cosmo_data, tmp_path / "job", *bad, epochs=1), ranks=2, check=False)
+    assert "Exit code: 2" in rank_exit_codes(result.stderr), result.stderr[-3000:]
+    refused_with(result, "instance 1 of 2: model.conv_blocks=40")
+    assert not (tmp_path / "job").exists()
+    dry = run_python(train_args(tiny_cosmo_data, tmp_path / "job", *bad, "--dry-run"), check=False)
+    assert dry.returncode == 2 and "instance 1 (distributed.instance_overrides[1]): model.conv_blocks=40" in dry.stderr
+    fine = run_python(train_args(tiny_cosmo_data, tmp_path / "job", "--set", "distributed.instances=2", "--dry-run"))
+    assert len(last_json_line(fine.stdout)["instances"]) == 2
 
 
 @pytest.mark.horovod

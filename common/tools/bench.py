@@ -47,7 +47,7 @@ import math
 import pathlib
 import time
 
-from common.cli import exit_on_user_error, exit_process, find_application
+from common.cli import exit_on_user_error, exit_process, find_application, positive_int_argument
 from common.config import load_config
 from common.console import cpu, logs
 from common.errors import DataError, UserInputError
@@ -410,28 +410,6 @@ def positive_finite(value, where: str) -> float:
     return float(value)
 
 
-def positive_int_argument(text: str) -> int:
-    """argparse type of a count that must be at least 1 (``--steps``, ``--batch-size``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
-    return value
-
-
-def positive_number_argument(text: str) -> float:
-    """argparse type of a rate or a size on the command line: a positive finite number (not 0, nan or inf)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive finite number")
-    return value
-
-
 def shape_text(shape) -> str:
     """``[128, 128, 128, 4]`` as ``128x128x128x4``."""
     return "x".join(str(d) for d in shape)
@@ -447,7 +425,9 @@ def load_json(path) -> dict:
     except ValueError as exc:   # json.JSONDecodeError and UnicodeDecodeError
         raise DataError(f"{path}: not a JSON file ({exc})") from None
     if not isinstance(data, dict):
-        raise DataError(f"{path}: a JSON {type(data).__name__}; expected a JSON object")
+        kind = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+            type(data), "number")
+        raise DataError(f"{path}: a JSON {kind}; expected a JSON object (a bench result)")
     return data
 
 
