@@ -13,13 +13,14 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import pathlib
 import sys
 import traceback
 
 from common.console import logs
-from common.config import load_config, read_yaml
+from common.config import instance_configs, load_config, read_yaml
 from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
                            Preempted, UserInputError)
 from common.loop.preemption import StopRequest
@@ -54,6 +55,40 @@ def exit_on_user_error():
     except UserInputError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         exit_process(EXIT_BAD_INPUT)
+
+
+def positive_int_argument(text: str) -> int:
+    """argparse type of a count or a size that must be at least 1 (``--steps``, ``--n-train``, ``--workers``):
+    0, a negative or a fractional value is argparse's one-line error naming the option, exit 2."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
+    return value
+
+
+def non_negative_int_argument(text: str) -> int:
+    """argparse type of a whole number that may be 0 but not negative (``--seed``: NumPy's seeds are)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 0")
+    return value
+
+
+def positive_number_argument(text: str) -> float:
+    """argparse type of a rate or a size on the command line: a positive finite number (not 0, nan or inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive finite number")
+    return value
 
 
 def nonfinite_outcome(exc: Exception, output_dir) -> str:
@@ -143,7 +178,17 @@ def run_train(package: str, argv=None) -> int:
             from common.trainer import describe_model
 
             ranks = max(1, launched_world_size() // cfg.distributed.instances)   # one instance's ranks
-            print(json.dumps(describe_model(app, cfg, ranks)), flush=True)
+            description = describe_model(app, cfg, ranks)
+            if cfg.distributed.instances > 1:   # every instance's network is built: an override may not fit
+                description["instances"] = []
+                for k, instance_cfg in enumerate(instance_configs(app.config_schema, cfg, source=args.config)):
+                    try:
+                        network = describe_model(app, instance_cfg, ranks)
+                    except UserInputError as exc:
+                        raise UserInputError(f"instance {k} (distributed.instance_overrides[{k}]): {exc}") from None
+                    description["instances"].append({key: network[key] for key in (
+                        "parameters", "forward_flops_per_sample", "forward_gflops_per_sample", "precision")})
+            print(json.dumps(description), flush=True)
             return 0
 
         # deferred: TensorFlow and Horovod load only once arguments and config are checked
@@ -154,8 +199,8 @@ def run_train(package: str, argv=None) -> int:
                                 groups=cfg.distributed.groups, instances=cfg.distributed.instances)
         output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
 
-        def train_one(app, cfg, dist, run_dir):
-            return _train_and_report(app, cfg, dist, run_dir, args, stop_request)
+        def train_one(app, cfg, dist, run_dir, gate=None):
+            return _train_and_report(app, cfg, dist, run_dir, args, stop_request, gate)
 
         if cfg.distributed.instances > 1:
             return run_instances(app, cfg, dist, output_dir, train_one, resume=args.resume, force=args.force)
@@ -163,14 +208,15 @@ def run_train(package: str, argv=None) -> int:
         return train_one(app, cfg, dist, output_dir)[0]
 
 
-def _train_and_report(app, cfg, dist, output_dir, args, stop_request) -> tuple[int, dict | None, str | None]:
-    """One run (or one instance's): (exit code, the summary on success, the reason it stopped otherwise)."""
+def _train_and_report(app, cfg, dist, output_dir, args, stop_request, gate=None) -> tuple[int, dict | None, str | None]:
+    """One run (or one instance's, with the job's ``gate``: :func:`common.instances.run_instances`): (exit code,
+    the summary on success, the reason it stopped otherwise)."""
     # deferred: imports TensorFlow, after the arguments are parsed
     from common.trainer import train
 
     try:
         summary = train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak,
-                        force=args.force, stop_request=stop_request)
+                        force=args.force, stop_request=stop_request, gate=gate)
     except Preempted as exc:
         if dist.is_root:
             print(f"preempted: {exc}; rerun with --resume (exit {EXIT_PREEMPTED})", file=sys.stderr, flush=True)

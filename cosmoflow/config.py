@@ -22,7 +22,7 @@ class MockSection(Section):
     box_size_mpc_h: PositiveFloat = Field(256.0, description="comoving box side in Mpc/h")
     particles_per_voxel_side: PositiveInt = Field(2, description="particle lattice is this many times finer than the grid")
     redshifts: list[NonNegativeFloat] = Field(default_factory=lambda: [3.0, 1.5, 0.5, 0.0])
-    seed: int = 1234
+    seed: NonNegativeInt = Field(1234, description="NumPy seed of every sample (a whole number of at least 0)")
     # Parameter ranges around Planck 2018; the targets are normalised to [-1, 1] over them.
     omega_m_range: tuple[PositiveFloat, PositiveFloat] = (0.20, 0.40)
     sigma_8_range: tuple[PositiveFloat, PositiveFloat] = (0.60, 1.00)

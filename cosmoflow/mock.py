@@ -35,11 +35,11 @@ from concurrent.futures import ProcessPoolExecutor
 import h5py
 import numpy as np
 
-from common.cli import exit_on_user_error
+from common.cli import exit_on_user_error, non_negative_int_argument, positive_int_argument
 from common.config import load_config
 from common.storage.outputs import generated_folder, mark_hdf5
 from common.console.progress import Progress
-from common.errors import ConfigError
+from common.errors import ConfigError, UserInputError
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig, MockSection
 
 # Imported where used, not here: colossus (1.1 s to import; only for a power spectrum), TensorFlow (only to write
@@ -284,14 +284,18 @@ def main(argv=None) -> int:
     parser.add_argument("--config", help="take data_dir, shape, format and mock settings from this config")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--out", help="output directory (default: the config's data.data_dir)")
-    parser.add_argument("--n-train", type=int)
-    parser.add_argument("--n-valid", type=int)
-    parser.add_argument("--size", type=int, help="voxels per side of one sample")
+    parser.add_argument("--n-train", type=positive_int_argument, help="training samples (default: data.mock.n_train)")
+    parser.add_argument("--n-valid", type=positive_int_argument,
+                        help="validation samples (default: data.mock.n_valid)")
+    parser.add_argument("--size", type=positive_int_argument,
+                        help="voxels per side of one sample (default: data.sample_shape[0])")
     parser.add_argument("--format", choices=["tfrecord", "hdf5"])
     parser.add_argument("--gzip", action="store_true", help="GZIP-compressed TFRecords")
-    parser.add_argument("--crops-per-side", type=int, default=1, help="HDF5: volumes of (size * this)^3, cut into crops")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--workers", type=int, help="processes computing samples (default: one per CPU)")
+    parser.add_argument("--crops-per-side", type=positive_int_argument, default=1,
+                        help="HDF5: volumes of (size * this)^3, cut into crops")
+    parser.add_argument("--seed", type=non_negative_int_argument, help="default: data.mock.seed")
+    parser.add_argument("--workers", type=positive_int_argument,
+                        help="processes computing samples (default: one per CPU)")
     args = parser.parse_args(argv)
 
 
@@ -301,12 +305,19 @@ def main(argv=None) -> int:
         data = cfg.data
         out = pathlib.Path(args.out or data.data_dir)
         mock = data.mock.model_copy(update={"seed": args.seed} if args.seed is not None else {})
+        file_format = args.format or data.format
+        if args.crops_per_side > 1 and file_format != "hdf5":
+            raise UserInputError(f"--crops-per-side {args.crops_per_side}: only HDF5 files hold volumes cut into "
+                                 f"crops (--format hdf5); a {file_format} file holds one sample")
+        if args.gzip and file_format != "tfrecord":
+            raise UserInputError(f"--gzip: only TFRecord files are compressed (--format tfrecord), not {file_format}")
         if dataset_present(out):
             print(f"mock data already present in {out}; to regenerate, remove it or choose another --out")
             return 0
-        grid = args.size or data.sample_shape[0]
-        generate_dataset(out, args.n_train or mock.n_train, args.n_valid or mock.n_valid, grid, mock,
-                         file_format=args.format or data.format,
+        grid = data.sample_shape[0] if args.size is None else args.size
+        generate_dataset(out, mock.n_train if args.n_train is None else args.n_train,
+                         mock.n_valid if args.n_valid is None else args.n_valid, grid, mock,
+                         file_format=file_format,
                          compression="gzip" if args.gzip else data.compression,
                          crops_per_side=args.crops_per_side, workers=args.workers)
         print(f"wrote mock universes to {out}")

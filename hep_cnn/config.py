@@ -21,7 +21,7 @@ class SynthSection(Section):
     n_test: PositiveInt = 2000
     signal_fraction: float = Field(0.5, gt=0.0, lt=1.0)
     events_per_file: PositiveInt = 1000
-    seed: int = 2017
+    seed: NonNegativeInt = Field(2017, description="NumPy seed of every file (a whole number of at least 0)")
 
 
 class HepDataSection(DataSection):

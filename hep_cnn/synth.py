@@ -35,7 +35,7 @@ import sys
 import h5py
 import numpy as np
 
-from common.cli import exit_on_user_error
+from common.cli import exit_on_user_error, non_negative_int_argument, positive_int_argument
 from common.config import load_config
 from common.console.progress import Progress
 from common.storage.outputs import generated_folder, mark_hdf5
@@ -193,12 +193,13 @@ def main(argv=None) -> int:
     parser.add_argument("--config", help="take data_dir, image size, layout and counts from this config")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", help="output directory (default: the config's data.data_dir)")
-    parser.add_argument("--n-train", type=int)
-    parser.add_argument("--n-validation", type=int)
-    parser.add_argument("--n-test", type=int)
-    parser.add_argument("--image-size", type=int)
-    parser.add_argument("--layout", choices=["all_events", "benchmark"])
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--n-train", type=positive_int_argument, help="default: data.synth.n_train")
+    parser.add_argument("--n-validation", type=positive_int_argument, help="default: data.synth.n_validation")
+    parser.add_argument("--n-test", type=positive_int_argument, help="default: data.synth.n_test")
+    parser.add_argument("--image-size", type=positive_int_argument, help="eta x phi bins (default: data.image_size)")
+    parser.add_argument("--layout", choices=["all_events", "benchmark"],
+                        help="default: data.layout (all_events where it is auto)")
+    parser.add_argument("--seed", type=non_negative_int_argument, help="default: data.synth.seed")
     args = parser.parse_args(argv)
 
     with exit_on_user_error():
@@ -209,8 +210,10 @@ def main(argv=None) -> int:
             print(f"events already present in {out}; to regenerate, remove it or choose another --out")
             return 0
         synth = cfg.data.synth
-        generate_dataset(out, args.n_train or synth.n_train, args.n_validation or synth.n_validation,
-                         args.n_test or synth.n_test, args.image_size or cfg.data.image_size,
+        generate_dataset(out, synth.n_train if args.n_train is None else args.n_train,
+                         synth.n_validation if args.n_validation is None else args.n_validation,
+                         synth.n_test if args.n_test is None else args.n_test,
+                         cfg.data.image_size if args.image_size is None else args.image_size,
                          synth.signal_fraction, synth.events_per_file,
                          synth.seed if args.seed is None else args.seed,
                          args.layout or ("all_events" if cfg.data.layout == "auto" else cfg.data.layout))

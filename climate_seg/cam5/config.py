@@ -3,7 +3,7 @@ settings of the synthetic data generators."""
 
 from __future__ import annotations
 
-from pydantic import Field, NonNegativeInt, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
 
 from common.config import Section
 
@@ -26,7 +26,14 @@ class SynthSection(Section):
     steps_per_file: PositiveInt = Field(8, description="time steps per netCDF file")
     cyclones_per_step: tuple[NonNegativeInt, NonNegativeInt] = Field((2, 5), description="min, max planted")
     rivers_per_step: tuple[NonNegativeInt, NonNegativeInt] = Field((1, 3), description="min, max planted")
-    seed: int = 2018
+    seed: NonNegativeInt = Field(2018, description="NumPy seed of every file (a whole number of at least 0)")
+
+    @field_validator("cyclones_per_step", "rivers_per_step")
+    @classmethod
+    def _min_not_above_max(cls, value):
+        if value[0] > value[1]:
+            raise ValueError("expected [min, max] with min <= max")
+        return value
 
 
 class DetectSynthSection(Section):
@@ -41,4 +48,4 @@ class DetectSynthSection(Section):
     unlabeled_every: NonNegativeInt = Field(
         2, description="every n-th training snapshot is written without boxes (ExtremeWeather labels every "
                        "other 3-hourly step); 0: all labeled")
-    seed: int = 2017
+    seed: NonNegativeInt = Field(2017, description="NumPy seed of every file (a whole number of at least 0)")

@@ -37,7 +37,8 @@ import numpy as np
 
 from climate_seg.cam5.config import CHANNELS, SynthSection
 from climate_seg.detection.config import BOX_COLUMNS, FILE_BOX_COLUMNS
-from common.cli import exit_on_user_error
+from common.cli import exit_on_user_error, non_negative_int_argument, positive_int_argument
+from common.config import validate
 from common.console.progress import Progress
 from common.storage.outputs import atomic_path, generated_folder, mark_hdf5
 
@@ -286,17 +287,20 @@ def main(argv=None) -> int:
     defaults = SynthSection()
     parser = argparse.ArgumentParser(prog="python -m climate_seg.cam5.synth", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--grid", type=int, nargs=2, default=list(defaults.grid), metavar=("NLAT", "NLON"))
-    parser.add_argument("--n-train", type=int, default=defaults.n_train)
-    parser.add_argument("--n-validation", type=int, default=defaults.n_validation)
-    parser.add_argument("--n-test", type=int, default=defaults.n_test)
-    parser.add_argument("--steps-per-file", type=int, default=defaults.steps_per_file)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--grid", type=positive_int_argument, nargs=2, default=list(defaults.grid),
+                        metavar=("NLAT", "NLON"))
+    parser.add_argument("--n-train", type=positive_int_argument, default=defaults.n_train)
+    parser.add_argument("--n-validation", type=positive_int_argument, default=defaults.n_validation)
+    parser.add_argument("--n-test", type=positive_int_argument, default=defaults.n_test)
+    parser.add_argument("--steps-per-file", type=positive_int_argument, default=defaults.steps_per_file)
+    parser.add_argument("--seed", type=non_negative_int_argument, default=defaults.seed)
     args = parser.parse_args(argv)
-    synth = SynthSection(grid=tuple(args.grid), n_train=args.n_train, n_validation=args.n_validation,
-                         n_test=args.n_test, steps_per_file=args.steps_per_file, seed=args.seed)
 
     with exit_on_user_error():
+        # The options are the section's keys (--n-train is n_train): a value the schema refuses is named by its key.
+        synth = validate(SynthSection, {"grid": args.grid, "n_train": args.n_train, "n_validation": args.n_validation,
+                                        "n_test": args.n_test, "steps_per_file": args.steps_per_file,
+                                        "seed": args.seed}, "the command line")
         written = generate_dataset(args.out, synth, progress=sys.stderr.isatty())
     for split, paths in written.items():
         print(f"{split}: {len(paths)} netCDF file(s) in {pathlib.Path(args.out) / split}")

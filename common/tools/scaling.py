@@ -75,7 +75,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from common.cli import exit_on_user_error, find_application
+from common.cli import exit_on_user_error, find_application, positive_number_argument
 from common.config import Section, load_config, read_yaml, validate
 from common.errors import ConfigError, DataError
 from common.storage.outputs import save_figure
@@ -456,20 +456,20 @@ def main(argv=None) -> int:
     parser.add_argument("--system", help=f"one of {', '.join(available_systems())}, or a YAML file")
     parser.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256,512,1024")
     measured = parser.add_mutually_exclusive_group()
-    measured.add_argument("--samples-per-second", type=bench.positive_number_argument,
+    measured.add_argument("--samples-per-second", type=positive_number_argument,
                           help="measured training samples/s of one rank")
     measured.add_argument("--rate-from", help="summary.json of a run or a common.tools.bench JSON of this config: "
                                               "its per-rank rate")
-    parser.add_argument("--dataset-bytes", type=bench.positive_number_argument,
+    parser.add_argument("--dataset-bytes", type=positive_number_argument,
                         help="dataset size, for the staging time")
     parser.add_argument("--input-rate-from", metavar="BENCH.json",
                         help="a common.tools.bench --input-only JSON of this config's application and sample shape: "
                              "the input pipeline's per-core rate bounds the I/O term too")
     parser.add_argument("--input-staged", action="store_true",
                         help="with --input-rate-from: the rate of the staged inflated copies (its staged section)")
-    parser.add_argument("--input-cores-per-rank", type=bench.positive_number_argument, default=1.0,
+    parser.add_argument("--input-cores-per-rank", type=positive_number_argument, default=1.0,
                         help="with --input-rate-from: cores each rank gives its input pipeline (default 1)")
-    parser.add_argument("--sample-bytes", type=bench.positive_number_argument,
+    parser.add_argument("--sample-bytes", type=positive_number_argument,
                         help="bytes read per sample (default: the model input in float32)")
     parser.add_argument("--alpha-beta", action="store_true",
                         help="price every allreduce with the alpha-beta formula, also where the system file holds "
