@@ -326,6 +326,9 @@ def generated_folder(target, expected: str):
     rename can replace) is refused here, before any work, with one line.
     """
     target = pathlib.Path(target)
+    if target.resolve() in _working_in:   # a generation inside this process's own (a dataset and its statistics)
+        yield target
+        return
     require_fillable(target, expected)
     destination = pathlib.Path(os.path.realpath(target)) if target.is_symlink() else target
     through = f" (the folder {target} links to)" if destination != target else ""
@@ -348,6 +351,7 @@ def generated_folder(target, expected: str):
                         f"({exc.strerror}), where the generated data is written before it is renamed into place; "
                         "nothing was written") from None
     honour_umask(work, directory=True)
+    _working_in.add(work.resolve())
     try:
         with _terminate_as_exit():
             yield work
@@ -363,12 +367,16 @@ def generated_folder(target, expected: str):
         shutil.rmtree(work, ignore_errors=True)
         raise
     finally:
+        _working_in.discard(work.resolve())
         if lock_fd is not None:
             os.close(lock_fd)
 
 
 # The lock file of a work folder of :func:`generated_folder`: flocked by the generating process for its life.
 WORK_LOCK = ".hpc-dl-suite-work.lock"
+# The work folders this process is filling: a generation asked to fill one of them (a generator called inside
+# another's block) fills it in place, the outer generation's rename making the whole appear at once.
+_working_in: set[pathlib.Path] = set()
 
 
 def _work_folder_pattern(destination: pathlib.Path) -> re.Pattern:
