@@ -45,6 +45,7 @@ import threading
 import numpy as np
 
 from common.errors import DataError, UserInputError
+from common.storage.scratch import remove_if_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -412,29 +413,11 @@ def sweep_work_folders(destination) -> list[pathlib.Path]:
     file, whose lock no process holds.  A generation still running holds its lock: its folder is left alone."""
     destination = pathlib.Path(destination)
     pattern = _work_folder_pattern(destination)
-    removed = []
     try:
         candidates = [entry for entry in destination.parent.iterdir() if pattern.fullmatch(entry.name)]
     except OSError:
-        return removed
-    for folder in candidates:
-        lock = folder / WORK_LOCK
-        if folder.is_symlink() or not folder.is_dir() or lock.is_symlink() or not lock.is_file():
-            continue
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue   # held: that generation is running
-        try:
-            shutil.rmtree(folder, ignore_errors=True)
-        finally:
-            os.close(fd)
-        removed.append(folder)
+        return []
+    removed = [folder for folder in candidates if remove_if_abandoned(folder, WORK_LOCK)]   # a running one holds it
     if removed:
         log.warning(f"{destination.parent}: removed {len(removed)} work folder(s) of an earlier generation of "
                     f"{destination.name} that ended before it finished ({', '.join(f.name for f in removed)})")

@@ -64,21 +64,26 @@ def remove() -> None:
 
 def sweep(base: pathlib.Path) -> list[pathlib.Path]:
     """Remove the folders of this kind under ``base`` whose process has ended (their lock is free); the list."""
-    removed = []
-    for folder in base.glob(f"{PREFIX}*"):
-        lock = folder / LOCK
-        if folder.is_symlink() or not folder.is_dir() or not lock.is_file():
-            continue
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
+    return [folder for folder in base.glob(f"{PREFIX}*") if remove_if_abandoned(folder, LOCK)]
+
+
+def remove_if_abandoned(folder: pathlib.Path, lock_name: str) -> bool:
+    """Remove ``folder`` when it holds the lock file ``lock_name`` and no process holds that lock (the process
+    that made it ended without removing it); the lock is held meanwhile.  A link, a folder without the lock
+    file or one whose lock is held is left alone.  Whether it was removed."""
+    lock = folder / lock_name
+    if folder.is_symlink() or not folder.is_dir() or lock.is_symlink() or not lock.is_file():
+        return False
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            continue   # held: its process is alive
-        finally:
-            os.close(fd)
+            return False   # held: its process is alive
         shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder)
-    return removed
+        return True
+    finally:
+        os.close(fd)
