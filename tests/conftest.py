@@ -18,9 +18,11 @@ import pytest
 import common  # noqa: F401  (first: TensorFlow's kernel set and logging, for this process and every child)
 from common.storage import scratch
 
-# The test process keeps the usual temporary folder (pytest's tmp_path under it); the processes it starts each
-# get their own scratch folder, as a user's do (common/storage/scratch.py).
-scratch.remove()
+# The test process keeps its scratch folder too (TensorFlow's AutoGraph files of the in-process tests go with it,
+# also when the run is killed: the next process of the suite sweeps it), while pytest's tmp_path stays under the
+# usual temporary folder, where the processes the tests start can be given paths that outlive nothing.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(pathlib.Path(tempfile.gettempdir()).parent
+                                                   if scratch.current() else tempfile.gettempdir()))
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -48,6 +48,11 @@ def install() -> pathlib.Path | None:
     return folder
 
 
+def current() -> pathlib.Path | None:
+    """This process's folder (None when it has none)."""
+    return _folder
+
+
 def remove() -> None:
     """Remove this process's folder (what it holds was written by this process's libraries)."""
     global _folder, _lock_fd
