@@ -57,27 +57,26 @@ def exit_on_user_error():
         exit_process(EXIT_BAD_INPUT)
 
 
-def positive_int_argument(text: str) -> int:
-    """argparse type of a count or a size that must be at least 1 (``--steps``, ``--n-train``, ``--workers``):
-    0, a negative or a fractional value is argparse's one-line error naming the option, exit 2."""
+def _whole_number_at_least(minimum: int, text: str) -> int:
+    """``text`` as a whole number of at least ``minimum``, else argparse's one-line error naming the option."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least {minimum}")
     return value
+
+
+def positive_int_argument(text: str) -> int:
+    """argparse type of a count or a size that must be at least 1 (``--steps``, ``--n-train``, ``--workers``):
+    0, a negative or a fractional value is argparse's one-line error naming the option, exit 2."""
+    return _whole_number_at_least(1, text)
 
 
 def non_negative_int_argument(text: str) -> int:
     """argparse type of a whole number that may be 0 but not negative (``--seed``: NumPy's seeds are)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 0")
-    return value
+    return _whole_number_at_least(0, text)
 
 
 def positive_number_argument(text: str) -> float:
