@@ -21,8 +21,14 @@ from common.storage import scratch
 # The test process keeps its scratch folder too (TensorFlow's AutoGraph files of the in-process tests go with it,
 # also when the run is killed: the next process of the suite sweeps it), while pytest's tmp_path stays under the
 # usual temporary folder, where the processes the tests start can be given paths that outlive nothing.
-os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(pathlib.Path(tempfile.gettempdir()).parent
-                                                   if scratch.current() else tempfile.gettempdir()))
+SYSTEM_TEMP = pathlib.Path(tempfile.gettempdir()).parent if scratch.current() else pathlib.Path(tempfile.gettempdir())
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(SYSTEM_TEMP))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The scratch folders of the processes the tests killed on purpose (SIGKILL leaves them to the next process
+    of the suite): removed now, so a test run leaves nothing in the temporary folder."""
+    scratch.sweep(SYSTEM_TEMP)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
