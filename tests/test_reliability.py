@@ -325,8 +325,7 @@ def test_a_node_lost_around_a_save_ends_the_others_within_the_write_plus_hang_ti
     try:
         survivor.wait(timeout=120)
         elapsed = time.time() - frozen
-    finally:
-        victim.resume()
+    finally:   # killed while still frozen: a lost node never runs again (resumed first, rank 0 could record the end)
         victim.kill()
         out, _ = process.communicate(timeout=120)
     budget = hang_timeout + (write_s if lost == 1 else 0) + 5   # + the watchdog's and the file watch's polls

@@ -255,13 +255,13 @@ def test_slurm_env_prints_the_stage_dir_the_job_stages_into():
 # A staging whose writes stop halfway: each copy's temporary file holds some bytes, then the process waits to be
 # killed (the format's writer is where a real copy spends its time).
 KILLED_MID_COPY = """
-import glob, pathlib, sys, time
+import glob, os, pathlib, sys, time
 from common.distributed import Distributed
 from common.storage.data import StagedFormat, stage_files
 
 def write(source, destination):
     pathlib.Path(destination).write_bytes(b"half a copy")
-    print("writing", flush=True)
+    os.write(1, b"writing\\n")   # one write: the copies run in threads, and print's two writes interleave
     time.sleep(120)
 
 data, stage = sys.argv[1], sys.argv[2]
