@@ -68,6 +68,10 @@ check-gpu-build:
 	    --output-dir runs/gpu-build-check --force
 	@$(GPU_PY) -m common.tools.build_info
 
+# $(NP) Horovod ranks on this machine: horovodrun itself (its arguments, output and exit codes), without the
+# TensorFlow import its build check makes on every launch (common/tools/launch.py).
+LAUNCH = PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m common.tools.launch -np $(NP) -H localhost:$(NP) --gloo
+
 # The CosmoFlow demo: mock universes generated once into data/, then training
 # on $(NP) Horovod ranks (Gloo, CPU), then evaluation.
 # Each demo target starts its run directory afresh (--force: the trainer otherwise refuses a folder
@@ -75,34 +79,34 @@ check-gpu-build:
 # data is reused.
 demo: setup
 	$(PY) -m cosmoflow.mock --config configs/cosmoflow/demo.yaml
-	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	$(LAUNCH) \
 	    $(PY) -m cosmoflow.train --config configs/cosmoflow/demo.yaml --output-dir $(DEMO_DIR) --force
 	$(PY) -m cosmoflow.evaluate --run-dir $(DEMO_DIR)
 
 # The HEP CNN demo: synthetic events generated once, 2 ranks, evaluation on the test split.
 demo-hep: setup
 	$(PY) -m hep_cnn.synth --config configs/hep_cnn/demo.yaml
-	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	$(LAUNCH) \
 	    $(PY) -m hep_cnn.train --config configs/hep_cnn/demo.yaml --output-dir runs/demo-hep --force
 	$(PY) -m hep_cnn.evaluate --run-dir runs/demo-hep
 
 # The climate segmentation demos: synthetic CAM5 netCDF generated and converted
 # once into data/climate-demo, then Tiramisu and DeepLabv3+ on 2 ranks, each evaluated.
 demo-climate: setup
-	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	$(LAUNCH) \
 	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_tiramisu.yaml --output-dir runs/demo-tiramisu --force
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-tiramisu
-	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	$(LAUNCH) \
 	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_deeplab.yaml --output-dir runs/demo-deeplab --force
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-deeplab
 
 # The detection demos: synthetic ExtremeWeather-layout snapshots generated once into
 # data/detect-demo, then the semi-supervised run and its supervised baseline on 2 ranks.
 demo-detect: setup
-	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	$(LAUNCH) \
 	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_detect.yaml --output-dir runs/demo-detect --force
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-detect
-	PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np $(NP) -H localhost:$(NP) --gloo \
+	$(LAUNCH) \
 	    $(PY) -m climate_seg.train --config configs/climate_seg/demo_detect_supervised.yaml \
 	    --output-dir runs/demo-detect-supervised --force
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-detect-supervised
@@ -113,7 +117,7 @@ test: setup setup-jax
 # Benchmarks (numbers, not pass/fail): each app's demo and full-size config, and
 # 1 process x 2 threads vs 2 Horovod ranks x 1 thread.  JSON in runs/bench/.
 BENCH = $(PY) -m common.tools.bench
-HVD2  = PATH=$(abspath $(VENV))/bin:$$PATH horovodrun -np 2 -H localhost:2 --gloo
+HVD2  = PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m common.tools.launch -np 2 -H localhost:2 --gloo
 bench: setup
 	@mkdir -p runs/bench
 	$(BENCH) --config configs/cosmoflow/demo.yaml --steps 30 --json runs/bench/cosmoflow-demo.json

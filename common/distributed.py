@@ -9,19 +9,38 @@ the same code runs on a laptop without Horovod installed.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.util
+import json
 import logging
 import os
+import pathlib
+import subprocess
+import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import tensorflow as tf
 
 from common.errors import UserInputError
 
 # Imported where used, not here: Horovod, only in a process that a launcher (horovodrun, mpirun, srun) started as
-# one of several ranks.
+# one of several ranks (and horovodrun's runner in :func:`launch`).
+
+
+class _TensorFlowOnFirstUse:
+    """``tf`` of this module: TensorFlow is imported when first used, then stands here itself.  The launcher
+    (:func:`launch`) imports this module in a process that starts ranks and never needs TensorFlow."""
+
+    def __getattr__(self, name):
+        import tensorflow   # deferred: see the class docstring
+        globals()["tf"] = tensorflow
+        return getattr(tensorflow, name)
+
+
+tf = _TensorFlowOnFirstUse()
 
 log = logging.getLogger(__name__)
 
@@ -448,3 +467,75 @@ def _pin_gpu(local_rank: int) -> None:
         tf.config.experimental.set_memory_growth(gpu, True)
     except RuntimeError:
         log.warning("TensorFlow was already initialised; GPU pinning left as it is")
+
+
+def launch(argv: list[str]) -> int:
+    """``horovodrun argv...``, with horovodrun's build check answered from a record of this Horovod build.
+
+    Before it starts any rank, horovodrun asks whether Horovod was built with Gloo (``--gloo``) or MPI by
+    importing Horovod's TensorFlow extension, so TensorFlow, in a child process: about 6 s of one core on every
+    launch, and TensorFlow's start-up lines in the launcher's output.  The answer belongs to the installed build,
+    so it is recorded once per build (the extension library's and TensorFlow's files, this interpreter:
+    :func:`_build_record_path`) and read back; without a record that can be written or read, horovodrun checks as
+    it always does.  Everything else is horovodrun's own: arguments, rank output, exit codes.
+    """
+    from horovod.runner import launch as runner   # deferred: only a launcher process needs horovodrun's runner
+
+    build = _recorded_build()
+    if build is not None:
+        runner.gloo_built = lambda verbose=False: build["gloo_built"]
+        runner.mpi_built = lambda verbose=False: build["mpi_built"]
+    sys.argv = ["horovodrun", *argv]
+    return runner.run_commandline()
+
+
+def _build_record_path() -> pathlib.Path | None:
+    """Where :func:`launch` keeps what this build of Horovod was built with: a file in the suite's cache folder
+    (beside the cached Horovod wheels) named by the identity of the files the answer comes from, so a rebuilt or
+    reinstalled Horovod or TensorFlow, or another interpreter, gets a record of its own.  None without Horovod."""
+    horovod, tensorflow = importlib.util.find_spec("horovod"), importlib.util.find_spec("tensorflow")
+    if horovod is None or tensorflow is None or not horovod.submodule_search_locations:
+        return None
+    libraries = sorted(pathlib.Path(horovod.submodule_search_locations[0], "tensorflow").glob("mpi_lib*.so"))
+    identity = [sys.executable]
+    for path in [*libraries, pathlib.Path(tensorflow.origin)]:
+        stat = path.stat()
+        identity.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}")
+    key = hashlib.sha256("\n".join(identity).encode()).hexdigest()[:24]
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+    return cache / "hpc-dl-suite" / "horovod-builds" / f"{key}.json"
+
+
+def _recorded_build() -> dict | None:
+    """``{"gloo_built", "mpi_built"}`` of this Horovod build: read from its record, or found out once (a child
+    process imports the extension, as horovodrun's own check does) and recorded; None when neither works."""
+    def whole(record) -> bool:
+        return isinstance(record, dict) and all(isinstance(record.get(k), bool) for k in ("gloo_built", "mpi_built"))
+
+    try:
+        path = _build_record_path()
+        if path is None:
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):   # none yet, or not one (cut short, edited): found out again
+            record = None
+        if whole(record):
+            return record
+        found = subprocess.run([sys.executable, "-c", "import json; from common.distributed import horovod_build; "
+                                "print(json.dumps(horovod_build()))"], capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        record = json.loads(found.stdout.strip().splitlines()[-1]) if found.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+    if not whole(record):
+        return None
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(record) + "\n")
+        os.replace(partial, path)   # whole or absent: launchers reading at the same time never see half of it
+    except OSError:   # not kept (a read-only or full cache): the answer still serves this launch
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+    return record

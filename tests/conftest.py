@@ -51,13 +51,19 @@ def python_env(extra: dict | None = None) -> dict:
     return env
 
 
+def launcher(ranks: int) -> list[str]:
+    """``horovodrun -np N -H localhost:N --gloo`` as the suite launches it: horovodrun itself, without its build
+    check's TensorFlow import on every launch (``common.tools.launch``; tests/test_launch.py holds it to
+    horovodrun's behaviour)."""
+    return [sys.executable, "-m", "common.tools.launch", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"]
+
+
 def run_python(args, timeout=600, cwd=None, ranks: int = 1, check=True, env: dict | None = None
                ) -> subprocess.CompletedProcess:
     """Run ``python args...``; with ranks > 1 under ``horovodrun -np N --gloo``; ``env``: variables to add."""
     command = [sys.executable, *args]
     if ranks > 1:
-        horovodrun = shutil.which("horovodrun") or str(pathlib.Path(sys.executable).parent / "horovodrun")
-        command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *command]
+        command = [*launcher(ranks), *command]
     result = subprocess.run(command, cwd=cwd or REPO, env=python_env(env), capture_output=True, text=True,
                             timeout=timeout)
     if check and result.returncode != 0:

@@ -19,7 +19,7 @@ import pytest
 from common.config import instance_configs, load_config
 from common.errors import ConfigError
 from common.instances import job_exit_code, summarize, table, weak_scaling
-from conftest import REPO, last_json_line, python_env, run_python, tiny_cosmo_overrides
+from conftest import REPO, last_json_line, launcher, python_env, run_python, tiny_cosmo_overrides
 from cosmoflow.config import CosmoflowConfig
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
@@ -226,8 +226,7 @@ def _rank_processes(parent: subprocess.Popen) -> list[psutil.Process]:
 def test_preemption_stops_every_instance_and_resume_continues_each(tiny_cosmo_data, tmp_path):
     run_dir = tmp_path / "job"
     args = train_args(tiny_cosmo_data, run_dir, "--set", "distributed.instances=2", epochs=6, batch_size=1)
-    horovodrun = str(REPO / ".venv" / "bin" / "horovodrun") if (REPO / ".venv/bin/horovodrun").exists() else "horovodrun"
-    process = subprocess.Popen([horovodrun, "-np", "4", "-H", "localhost:4", "--gloo", sys.executable, *args],
+    process = subprocess.Popen([*launcher(4), sys.executable, *args],
                                cwd=REPO, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = [run_dir / f"instance-{k}" / "checkpoints" / "ckpt-epoch-00001.npz" for k in (0, 1)]
     deadline = time.time() + 300

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from common.storage import checkpoint
-from conftest import REPO, python_env, run_python, tiny_cosmo_overrides
+from conftest import REPO, launcher, python_env, run_python, tiny_cosmo_overrides
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
 # Everything random at work: dropout, augmentation, a sample shuffle buffer; 32 steps per epoch.
@@ -30,8 +30,7 @@ def command(data_dir, run_dir, *extra, epochs=3, batch_size=1, ranks=1):
             *tiny_cosmo_overrides(data_dir, epochs=epochs, batch_size=batch_size), *DETERMINISTIC,
             "--output-dir", str(run_dir), *extra]
     if ranks > 1:
-        args = [str(os.path.join(os.path.dirname(sys.executable), "horovodrun")), "-np", str(ranks),
-                "-H", f"localhost:{ranks}", "--gloo", *args]
+        args = [*launcher(ranks), *args]
     return args
 
 
@@ -45,7 +44,7 @@ def wait_for(predicate, process, timeout=300):
     while not predicate():
         if process.poll() is not None:
             out, err = process.communicate()
-            raise AssertionError(f"process ended early ({process.returncode})\n{out[-2000:]}\n{err[-3000:]}")
+            raise AssertionError(f"process ended early ({process.returncode})\n{out[-3000:]}\n{(err or '')[-3000:]}")
         if time.time() > deadline:
             process.kill()
             raise AssertionError("timed out")
