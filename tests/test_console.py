@@ -92,6 +92,39 @@ def test_user_setting_wins():
         assert any(quiet.NOISE.match(line) for line in result.stderr.splitlines()), result.stderr
 
 
+# TensorFlow's start-up lines: Abseil's notice, oneDNN's, the CPU feature guard's (and its second line).
+START_UP_LINES = ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard",
+                  "To enable the following instructions")
+
+
+@pytest.mark.parametrize("level", ["2", "3", "0"])
+def test_a_user_level_asking_for_less_stays_quiet(level):
+    # An entry point that imports TensorFlow (build_info: the cheapest).  2 and 3 ask for less than
+    # TensorFlow's default: the start-up lines, which ignore the variable, are filtered as without it, and the
+    # user's value is kept; 0 asks for everything and gets TensorFlow's lines.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPC_DL_SUITE_SET_TF")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = level
+    result = subprocess.run([sys.executable, "-m", "common.tools.build_info", "--json"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert '"tensorflow"' in result.stdout                               # TensorFlow was imported
+    shown = [line for line in result.stderr.splitlines() if any(text in line for text in START_UP_LINES)]
+    if level != "0":
+        assert shown == [], result.stderr
+        assert [line for line in result.stderr.splitlines() if quiet.NOISE.match(line)] == []
+    else:
+        assert any("absl::InitializeLog" in line for line in shown), result.stderr
+
+
+def test_only_a_user_level_asking_for_more_turns_the_filter_off():
+    for value, filtered in (("0", False), ("1", False), ("junk", False), ("2", True), ("3", True), (" 3", True)):
+        environ = {"TF_CPP_MIN_LOG_LEVEL": value}
+        assert quiet.user_level(environ) is not None
+        assert (quiet.user_level(environ) >= quiet.SUITE_LEVEL) is filtered, value
+    assert quiet.user_level({}) is None
+    assert quiet.user_level({"TF_CPP_MIN_LOG_LEVEL": "2", "HPC_DL_SUITE_SET_TF_CPP_MIN_LOG_LEVEL": "1"}) is None
+
+
 def test_filter_keeps_everything_but_start_up_noise():
     text = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
             "I0000 00:00:1796281232.920796   21326 port.cc:153] oneDNN custom operations are on.\n"

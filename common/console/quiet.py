@@ -10,9 +10,12 @@ and WARNING start-up lines is written to the real standard error, in order.
 The suite's own line about the CPU and the kernel set (``common.console.cpu``) says
 what the oneDNN line said.
 
-A ``TF_CPP_MIN_LOG_LEVEL`` the user set wins: then nothing is filtered (set it to
-0 to see everything, for example when TensorFlow itself fails to load: a
-process that TensorFlow aborts during the import loses what it wrote there).
+A ``TF_CPP_MIN_LOG_LEVEL`` the user set that asks for more than the suite's
+level (0: everything, 1: warnings too) turns the filter off: set it to 0 to see
+everything, for example when TensorFlow itself fails to load (a process that
+TensorFlow aborts during the import loses what it wrote there).  One that asks
+for as little or less (2, 3) is kept as it is, and filtered as well: the
+start-up lines ignore the variable, and the user asked for quiet.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import tempfile
 
 VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
+SUITE_LEVEL = 2   # TensorFlow's errors only
 _SET_BY_SUITE = "HPC_DL_SUITE_SET_TF_CPP_MIN_LOG_LEVEL"   # set beside it, so ranks started from here filter too
 
 # Abseil's line format, "I1203 06:21:07.123456   19447 port.cc:153] ...", at INFO (I) or WARNING (W);
@@ -79,16 +83,26 @@ class _QuietTensorFlow(importlib.abc.MetaPathFinder):
         return spec
 
 
+def user_level(environ) -> int | None:
+    """The ``TF_CPP_MIN_LOG_LEVEL`` the user set, as TensorFlow reads it (anything but a whole number: 0,
+    everything); None when the user set none (or the suite set it, in a process that started this one)."""
+    if VARIABLE not in environ or environ.get(_SET_BY_SUITE) == "1":
+        return None
+    value = environ[VARIABLE].strip()
+    return int(value) if value.isdigit() else 0
+
+
 def install(environ=None) -> bool:
-    """Filter TensorFlow's first import in this process, unless the user set ``TF_CPP_MIN_LOG_LEVEL`` or
-    TensorFlow is already imported; True if installed.  Also sets the variable to 2 (errors only) for the
-    lines TensorFlow logs once its log honours it."""
+    """Filter TensorFlow's first import in this process, unless the user's ``TF_CPP_MIN_LOG_LEVEL`` asks for
+    more than the suite's level or TensorFlow is already imported; True if installed.  Without a user's
+    value, also sets the variable to :data:`SUITE_LEVEL` for the lines TensorFlow logs once its log honours it."""
     environ = os.environ if environ is None else environ
-    user_set = VARIABLE in environ and environ.get(_SET_BY_SUITE) != "1"
-    if user_set or "tensorflow" in sys.modules:
+    level = user_level(environ)
+    if (level is not None and level < SUITE_LEVEL) or "tensorflow" in sys.modules:
         return False
-    environ[VARIABLE] = "2"
-    environ[_SET_BY_SUITE] = "1"
+    if level is None:
+        environ[VARIABLE] = str(SUITE_LEVEL)
+        environ[_SET_BY_SUITE] = "1"
     if not any(isinstance(finder, _QuietTensorFlow) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietTensorFlow())
     return True

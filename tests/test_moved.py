@@ -1,0 +1,97 @@
+"""Old module paths (common/_moved.py): for one release each still imports, giving the new module, and each old
+``python -m`` command runs the new one with the same arguments and exit code; both say where the module went
+with a warning Python shows by default.  ``--help`` on an old command still loads no TensorFlow."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from conftest import REPO, python_env
+from test_docs import moved_shims
+
+from common import _moved
+
+SHIMS = moved_shims()
+# Those run as commands: the new module has a __main__ block.
+COMMANDS = sorted(old for old, new in SHIMS.items()
+                  if 'if __name__ == "__main__":' in (REPO / (new.replace(".", "/") + ".py")).read_text())
+
+
+def _run(args, cwd=REPO) -> subprocess.CompletedProcess:
+    # Python's default warning filters: nothing asked of them from outside.
+    env = {key: value for key, value in python_env().items() if key != "PYTHONWARNINGS"}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_old_paths_users_had_are_kept():
+    # The ones the issue names, and every common/ module that moved into a subpackage (git log --diff-filter=R).
+    named = {"common.bench", "common.scaling", "common.check_data", "common.optimizers"}
+    moved_into_subpackages = {f"common.{name}" for name in (
+        "batch_norm", "flops", "layers", "metrics", "optimizers", "precision", "schedules", "callbacks", "mlperf",
+        "preemption", "reliability", "checkpoint", "data", "outputs", "plots", "tfrecord", "cpu", "logs",
+        "progress", "quiet", "bench", "check_data", "scaling", "slurm")}
+    assert named | moved_into_subpackages <= set(SHIMS)
+    assert {"common.bench", "common.scaling", "common.check_data", "common.slurm"} <= set(COMMANDS)
+
+
+def test_removal_release_is_the_one_after_the_version():
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    major, minor = (int(part) for part in version.split(".")[:2])
+    assert _moved.REMOVED_IN == f"{major}.{minor + 1}.0", (version, _moved.REMOVED_IN)
+    assert f"removed in the release after {major}.{minor}.x, {_moved.REMOVED_IN}" in \
+        " ".join((REPO / "docs" / "engine.md").read_text().split())
+
+
+def test_old_imports_warn_once_and_give_the_new_module(tmp_path):
+    # A user's script, run as scripts are: each old import warns once, by default, at the script's own line,
+    # naming the new path; a second import of the same old path says nothing more; the old name is the new
+    # module itself.
+    lines = [f"from {old.rpartition('.')[0]} import {old.rpartition('.')[2]}" for old in SHIMS]
+    lines += [f"import {old}" for old in SHIMS]
+    lines += ["import sys",
+              f"pairs = {sorted(SHIMS.items())!r}",
+              "print(all(sys.modules[old] is sys.modules[new] for old, new in pairs))",
+              "import common, common.nn.optimizers",
+              "print(common.optimizers is common.nn.optimizers, common.optimizers.LARS is common.nn.optimizers.LARS)"]
+    script = tmp_path / "users_script.py"
+    script.write_text("\n".join(lines) + "\n")
+    result = _run([str(script)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "True"]
+    warnings = [line for line in result.stderr.splitlines() if "FutureWarning" in line]
+    expected = [f"{script}:{number}: FutureWarning: {old} moved to {new}; import it from there (the old path is "
+                f"removed in {_moved.REMOVED_IN})" for number, (old, new) in enumerate(SHIMS.items(), start=1)]
+    assert warnings == expected, result.stderr
+
+
+@pytest.mark.parametrize("old", COMMANDS)
+def test_old_command_help_answers_with_the_warning_and_no_tensorflow(old):
+    new = SHIMS[old]
+    # -X importtime: every module the process imports, on standard error.
+    result = _run(["-X", "importtime", "-m", old, "--help"])
+    assert result.returncode == 0, result.stderr
+    assert f"usage: python -m {new}" in result.stdout
+    assert f"FutureWarning: `python -m {old}` is now `python -m {new}`" in result.stderr
+    imported = [line.rpartition("|")[2].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "common._moved" in imported                                   # the check sees the imports
+    assert not [name for name in imported if re.match(r"(tensorflow|keras)\b", name)]
+
+
+def test_old_command_passes_its_arguments_and_exit_code():
+    # A config that is not there: the new command's one-line error naming the path, and its exit 2
+    # (through common.cli.exit_process, which leaves by os._exit).
+    missing = "configs/no-such-config.yaml"
+    old = _run(["-m", "common.check_data", "--config", missing])
+    new = _run(["-m", "common.tools.check_data", "--config", missing])
+    assert (old.returncode, new.returncode) == (2, 2)
+    assert old.stdout == new.stdout
+    old_error = [line for line in old.stderr.splitlines() if "moved_to(" not in line and "FutureWarning" not in line]
+    assert old_error == new.stderr.splitlines() == [f"error: {missing}: config file not found"]
+    # An argument the command does not know: argparse's exit 2 through SystemExit.
+    assert _run(["-m", "common.scaling", "--no-such-option"]).returncode == 2
