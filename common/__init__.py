@@ -8,7 +8,8 @@ from common.storage import scratch as _scratch
 
 # Both before TensorFlow is imported, which every entry point does after importing this package.
 # TensorFlow's C++ start-up chatter (oneDNN, CPU feature notices) drowns the training output of every
-# rank; errors still show, and a TF_CPP_MIN_LOG_LEVEL the user set wins (common/console/quiet.py).
+# rank; errors still show, and a TF_CPP_MIN_LOG_LEVEL the user set to ask for more (0, 1) turns the filter
+# off (common/console/quiet.py).
 _quiet.install()
 # Temporary files (TensorFlow's AutoGraph sources among them) in a folder of this process's, removed at its end.
 _scratch.install()

@@ -5,7 +5,7 @@ Layout: ``data_dir/{train,validation,test}/*.h5``, one sample per file with
 {0, 1, 2} (DeepCAM), or ``climate/data`` (16, H, W) and ``climate/labels``
 (SC18), told apart by their shapes; statistics from DeepCAM's
 ``data_dir/stats.h5``, SC18's ``data_dir/train/stats.h5`` (which is skipped as
-a sample) or ``python -m climate_seg.cam5.stats`` (:func:`climate_seg.stats.load_stats`).
+a sample) or ``python -m climate_seg.cam5.stats`` (:func:`climate_seg.cam5.stats.load_stats`).
 
 Reading without the GIL: at start-up every file is screened once (each rank a
 share) and the byte offsets of its two datasets are recorded.  When every file
