@@ -1,21 +1,12 @@
-"""CosmoFlow data: TFRecord and HDF5 readers and the tf.data pipeline.
+"""CosmoFlow data: the tf.data pipeline over the formats of :mod:`cosmoflow.formats`, and the data checks.
 
 Layout of ``data.data_dir``: ``train/`` and ``validation/`` subdirectories.
 Within ``data.format`` (tfrecord or hdf5) the variant is told by the files'
-content (:class:`Layout`), never by their names:
-
-- TFRecord, MLPerf (since 2020): one example per sample (``samples_per_file``
-  per file), ``x`` raw bytes of int16 counts of ``sample_shape``, ``y``
-  float32 targets in [-1, 1]; GZIP-compressed files too (``compression: gzip``).
-- TFRecord, cosmoflow-benchmark before 2020: ``x`` a float list.
-- TFRecord, SC18 (NERSC/CosmoFlow): ``data_raw`` and ``label_raw`` raw bytes,
-  float32 or float64 (told by their length), physical parameter values that
-  ``data.target_offset`` / ``target_scale`` normalise (its zsAVG / zsSTD).
-- HDF5, raw universes: ``full`` int16 counts (N, N, N, C) channels last,
-  ``unitPar`` (and ``namePar``, which gives the target order); each volume
-  is cut into (N / crop)^3 crops of ``sample_shape``.
-- HDF5, split by ``prepare.py`` without ``--write-tfrecord``: ``x`` (one crop)
-  and ``y`` per file.
+content (a :class:`~cosmoflow.formats.layout.SampleLayout`), never by their
+names; each variant is a module of ``cosmoflow/formats/`` (MLPerf, float-list
+and SC18 TFRecords, raw and split HDF5, the raw staged copy), listed once in
+``cosmoflow/formats/__init__.py``.  This module asks that registry and builds
+the pipeline: select, shard, stage, shuffle, augment, batch, normalise.
 
 Targets are picked by name (``data.target_names``) from the file order
 (``namePar``, else ``data.file_target_names``, else the MLPerf order) and
@@ -28,11 +19,10 @@ from __future__ import annotations
 
 # The data tools (subset, manifest, verify: common/tools/datatools.py) need no TensorFlow: run before it loads.
 if __name__ == "__main__":
-    from common.tools.datatools import Layout, main
-    raise SystemExit(main(Layout("CosmoFlow", ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.h5", "*.hdf5")),
+    from common.tools.datatools import DatasetFiles, main
+    raise SystemExit(main(DatasetFiles("CosmoFlow", ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.h5", "*.hdf5")),
                           prog="python -m cosmoflow.data"))
 
-import dataclasses
 import logging
 import math
 import pathlib
@@ -40,242 +30,47 @@ import struct
 import time
 import zlib
 
-import google_crc32c
-import h5py
 import numpy as np
 import tensorflow as tf
 
 from common.application import Datasets
-from common.storage.data import (StagedFormat, check_split_files, epoch_seed, list_files, read_at, reading,
-                                 screen_files, select_count, shards_files, shuffled_shards, stage_files, steps_for)
 from common.distributed import Distributed
 from common.errors import DataError
 from common.nn.precision import compute_dtype
+from common.storage.data import (check_split_files, epoch_seed, list_files, screen_files, select_count, shards_files,
+                                 shuffled_shards, stage_files, steps_for)
 from common.storage.tfrecord import first_bad_file, read_records, scan_tfrecord
-from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
+from cosmoflow import formats
+from cosmoflow.config import CosmoflowConfig
+from cosmoflow.formats.layout import SampleLayout
 
 log = logging.getLogger(__name__)
 
-TFRECORD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.tfrecords.gz")
-HDF5_PATTERNS = ("*.h5", "*.hdf5")
 AUTOTUNE = tf.data.AUTOTUNE
 
 
-# -- TFRecord -------------------------------------------------------------------
+# -- records of the format's variant ------------------------------------------------------
 
-def _compression(cfg_data) -> str:
-    return "GZIP" if cfg_data.compression == "gzip" else ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """What a dataset's files hold, told by their content."""
-
-    kind: str                   # mlperf | float_list | sc18 | raw_hdf5 | split_hdf5
-    x_dtype: str                # int16 | float32 | float64 (what the file stores)
-    targets: tuple[str, ...]    # the names of y, in file order
-    names_from: str             # where that order came from
-
-    def describe(self) -> str:
-        """One line for the log: the data format found and where the target names came from."""
-        what = {"mlperf": "MLPerf TFRecords (x int16 bytes, y floats)",
-                "float_list": "TFRecords with x as a float list (cosmoflow-benchmark before 2020)",
-                "sc18": f"SC18 TFRecords (data_raw, label_raw {self.x_dtype} bytes)",
-                "raw_hdf5": "raw HDF5 universes (full, unitPar), cut into crops",
-                "split_hdf5": "split HDF5 crops (x, y; prepare.py)"}[self.kind]
-        return f"{what}; targets in the files: {list(self.targets)} ({self.names_from})"
-
-
-CANONICAL_TARGETS = {"omega_m": "Omega_m", "om": "Omega_m", "omegam": "Omega_m", "sigma_8": "sigma_8",
-                     "sigma8": "sigma_8", "s8": "sigma_8", "n_s": "n_s", "ns": "n_s", "n_spec": "n_s",
-                     "h0": "H0", "h_0": "H0"}
-
-
-def canonical_targets(names, path: str) -> tuple[str, ...]:
-    """``namePar`` spellings (Omega_m, sigma_8, N_spec, H_0, ...) as the suite's target names."""
-    out = []
-    for name in names:
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        if name.strip().lower() not in CANONICAL_TARGETS:
-            raise DataError(f"{path}: namePar names {name!r}, not one of Omega_m, sigma_8, n_s (N_spec), H0 (H_0)")
-        out.append(CANONICAL_TARGETS[name.strip().lower()])
-    return tuple(out)
-
-
-def file_targets(data, count: int, path: str, name_par=None) -> tuple[tuple[str, ...], str]:
-    """(target names in file order, where they came from) for a file holding ``count`` targets."""
-    if name_par is not None:
-        names, source = canonical_targets(name_par, path), "namePar"
-        if data.file_target_names is not None and list(names) != list(data.file_target_names):
-            raise DataError(f"{path}: namePar gives the targets {list(names)}, data.file_target_names says "
-                            f"{data.file_target_names}")
-    elif data.file_target_names is not None:
-        names, source = tuple(data.file_target_names), "data.file_target_names"
-    else:
-        names, source = TARGET_NAMES, "the MLPerf order; data.file_target_names sets another"
-    if len(names) != count:
-        raise DataError(f"{path}: holds {count} targets, but {source} names {len(names)} ({list(names)}); "
-                        "set data.file_target_names to the files' order")
-    missing = [n for n in data.target_names if n not in names]
-    if missing:
-        raise DataError(f"{path}: data.target_names asks for {missing}, the files hold {list(names)}")
-    if data.target_offset is not None and len(data.target_offset) != count:
-        raise DataError(f"{path}: holds {count} targets, data.target_offset / target_scale give "
-                        f"{len(data.target_offset)} values")
-    return names, source
-
-
-def record_layout(path: str, cfg: CosmoflowConfig) -> Layout:
-    """The layout of a TFRecord dataset, from the first record of one of its files."""
-    data = cfg.data
-    try:
-        record = next(iter(tf.data.TFRecordDataset(path, compression_type=_compression(data))))
-    except (tf.errors.OpError, StopIteration) as exc:
-        raise DataError(f"{path}: no readable first record ({type(exc).__name__})") from None
-    features = tf.train.Example.FromString(record.numpy()).features.feature
-    voxels = int(np.prod(data.sample_shape))
-    if "data_raw" in features and "label_raw" in features:
-        size = len(features["data_raw"].bytes_list.value[0]) if features["data_raw"].bytes_list.value else 0
-        if size not in (4 * voxels, 8 * voxels):
-            raise DataError(f"{path}: SC18 record: data_raw holds {size} bytes, expected {voxels} float32 or float64 "
-                            f"values (data.sample_shape {list(data.sample_shape)}; SC18: [64, 64, 64, 1])")
-        dtype = "float32" if size == 4 * voxels else "float64"
-        labels = len(features["label_raw"].bytes_list.value[0]) // np.dtype(dtype).itemsize
-        names, source = file_targets(data, labels, path)
-        if data.target_offset is None:
-            raise DataError(f"{path}: SC18 records hold physical parameter values, not [-1, 1] units; set "
-                            "data.target_offset and data.target_scale (SC18's zsAVG and zsSTD)")
-        return Layout("sc18", dtype, names, source)
-    if "x" not in features or "y" not in features:
-        raise DataError(f"{path}: records need features x and y (MLPerf) or data_raw and label_raw (SC18), "
-                        f"found {sorted(features)}")
-    if features["x"].bytes_list.value:
-        kind, size, expected = "mlperf", len(features["x"].bytes_list.value[0]), 2 * voxels
-    else:
-        kind, size, expected = "float_list", len(features["x"].float_list.value), voxels
-    if size != expected:
-        raise DataError(f"{path}: 'x' holds {size} {'bytes' if kind == 'mlperf' else 'floats'}, expected {expected} "
-                        f"({'int16 x ' if kind == 'mlperf' else ''}data.sample_shape {list(data.sample_shape)})")
-    names, source = file_targets(data, len(features["y"].float_list.value), path)
-    return Layout(kind, "int16" if kind == "mlperf" else "float32", names, source)
-
-
-def _sized(values, size: int, fill_dtype):
-    """(``values`` when it holds ``size`` elements, else zeros; whether it did): a record of another size
-    is flagged for :func:`check_batch` to name its file, instead of failing a reshape without a name."""
-    ok = tf.equal(tf.size(values), size)
-    return tf.cond(ok, lambda: values, lambda: tf.zeros([size], fill_dtype)), ok
-
-
-def parse_example(record, sample_shape, layout: Layout):
+def parse_example(record, sample_shape, layout: SampleLayout):
     """(x as stored: int16 or float32, y float32, whether x and y had the layout's sizes) of one serialised
     example.  A record of other sizes gives zeros and False (never an exception without the file's name)."""
-    n = len(layout.targets)
-    voxels = math.prod(sample_shape)
-    if layout.kind == "sc18":
-        features = tf.io.parse_single_example(record, {
-            "data_raw": tf.io.FixedLenFeature([], tf.string, default_value=""),
-            "label_raw": tf.io.FixedLenFeature([], tf.string, default_value="")})
-        dtype = tf.float32 if layout.x_dtype == "float32" else tf.float64
-        width = dtype.size
-        ok_x = tf.equal(tf.strings.length(features["data_raw"]), width * voxels)
-        ok_y = tf.equal(tf.strings.length(features["label_raw"]), width * n)
-        x = tf.cond(ok_x, lambda: tf.io.decode_raw(features["data_raw"], dtype), lambda: tf.zeros([voxels], dtype))
-        y = tf.cond(ok_y, lambda: tf.io.decode_raw(features["label_raw"], dtype), lambda: tf.zeros([n], dtype))
-        return (tf.cast(tf.reshape(x, sample_shape), tf.float32), tf.cast(tf.reshape(y, [n]), tf.float32),
-                tf.logical_and(ok_x, ok_y))
-    if layout.kind == "mlperf":
-        features = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([], tf.string, default_value=""),
-                                                       "y": tf.io.VarLenFeature(tf.float32)})
-        ok_x = tf.equal(tf.strings.length(features["x"]), 2 * voxels)
-        x = tf.cond(ok_x, lambda: tf.io.decode_raw(features["x"], tf.int16), lambda: tf.zeros([voxels], tf.int16))
-    else:
-        features = tf.io.parse_single_example(record, {"x": tf.io.VarLenFeature(tf.float32),
-                                                       "y": tf.io.VarLenFeature(tf.float32)})
-        x, ok_x = _sized(features["x"].values, voxels, tf.float32)
-    y, ok_y = _sized(features["y"].values, n, tf.float32)
-    return tf.reshape(x, sample_shape), tf.reshape(y, [n]), tf.logical_and(ok_x, ok_y)
+    return formats.tfrecord_variant(layout).parse(record, sample_shape, layout)
 
 
-def check_record(payload: bytes, path: str, index: int, cfg: CosmoflowConfig, layout: Layout) -> None:
+def check_record(payload: bytes, path: str, index: int, cfg: CosmoflowConfig, layout: SampleLayout) -> None:
     """Raise a :class:`DataError` naming file and record unless the serialised example holds the layout's
     features at its sizes (what :func:`parse_example` would read)."""
     data = cfg.data
-    voxels = int(np.prod(data.sample_shape))
     try:
         features = tf.train.Example.FromString(payload).features.feature
     except Exception:   # noqa: BLE001  protobuf's DecodeError
         raise DataError(f"{path}: record {index} is not a tf.train.Example") from None
-    where = f"{path}: record {index}"
-    if layout.kind == "sc18":
-        width = np.dtype(layout.x_dtype).itemsize
-        sizes = [len(features[k].bytes_list.value[0]) if k in features and features[k].bytes_list.value else 0
-                 for k in ("data_raw", "label_raw")]
-        expected = [width * voxels, width * len(layout.targets)]
-    elif layout.kind == "mlperf":
-        sizes = [len(features["x"].bytes_list.value[0]) if "x" in features and features["x"].bytes_list.value else 0,
-                 len(features["y"].float_list.value) if "y" in features else 0]
-        expected = [2 * voxels, len(layout.targets)]
-    else:
-        sizes = [len(features["x"].float_list.value) if "x" in features else 0,
-                 len(features["y"].float_list.value) if "y" in features else 0]
-        expected = [voxels, len(layout.targets)]
+    variant = formats.tfrecord_variant(layout)
+    sizes, expected = variant.record_sizes(features, layout, math.prod(data.sample_shape))
     if sizes != expected:
-        raise DataError(f"{where}: holds x of {sizes[0]} and y of {sizes[1]} {'bytes' if layout.kind == 'sc18' else 'values'}, "
+        raise DataError(f"{path}: record {index}: holds x of {sizes[0]} and y of {sizes[1]} {variant.SIZE_UNIT}, "
                         f"expected {expected[0]} and {expected[1]} as in the split's first file "
-                        f"({layout.describe().split(';')[0]}; data.sample_shape {list(data.sample_shape)})")
-
-
-# -- HDF5 -----------------------------------------------------------------------------
-
-def hdf5_layout(path: str, cfg: CosmoflowConfig) -> tuple[int, Layout]:
-    """(crops in the file, its layout) after checking its datasets: raw universes or split crops."""
-    data = cfg.data
-    crop = data.sample_shape
-    try:
-        with h5py.File(path, "r") as f:
-            if "full" in f and "unitPar" in f:
-                kind, x_key, y_key = "raw_hdf5", "full", "unitPar"
-            elif "x" in f and "y" in f:
-                kind, x_key, y_key = "split_hdf5", "x", "y"
-            else:
-                raise DataError(f"{path}: expected datasets 'full' and 'unitPar' (raw universes) or 'x' and 'y' "
-                                f"(split by prepare.py); found {sorted(f)[:6]}")
-            shape, dtype, targets = f[x_key].shape, f[x_key].dtype, f[y_key].shape
-            name_par = f["namePar"][()] if "namePar" in f else None
-    except OSError as exc:
-        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
-    if len(shape) != 4 or shape[3] != crop[3]:
-        raise DataError(f"{path}: '{x_key}' has shape {shape}, expected (N, N, N, {crop[3]}) channels last")
-    if kind == "split_hdf5" and tuple(shape) != tuple(crop):
-        raise DataError(f"{path}: 'x' has shape {shape}, expected data.sample_shape {tuple(crop)}")
-    if any(s % c for s, c in zip(shape[:3], crop[:3])):
-        raise DataError(f"{path}: 'full' shape {shape[:3]} is not a multiple of the crop {crop[:3]}")
-    if len(targets) != 1:
-        raise DataError(f"{path}: '{y_key}' has shape {targets}, expected one value per target")
-    if not np.issubdtype(dtype, np.integer):
-        raise DataError(f"{path}: '{x_key}' has dtype {dtype}, expected integer particle counts")
-    names, source = file_targets(data, targets[0], path, name_par)
-    crops = int(np.prod([s // c for s, c in zip(shape[:3], crop[:3])]))
-    return crops, Layout(kind, "int16", names, source)
-
-
-def read_hdf5_crop(path, index, crop):
-    """Crop number ``index`` (C order over the crop grid) of a raw file, or the one crop of a split file."""
-    path = path.decode() if isinstance(path, bytes) else str(path)
-    with reading(path, f"crop {int(index)}"), h5py.File(path, "r") as f:
-        split = "x" in f and "full" not in f
-        if split:
-            x, y = f["x"][()], f["y"][:]
-        else:
-            full = f["full"]
-            per_side = [s // c for s, c in zip(full.shape[:3], crop[:3])]
-            i, j, k = np.unravel_index(int(index), per_side)
-            x = full[i * crop[0]:(i + 1) * crop[0], j * crop[1]:(j + 1) * crop[1], k * crop[2]:(k + 1) * crop[2], :]
-            y = f["unitPar"][:]
-    if not np.all(np.isfinite(y)):
-        raise DataError(f"{path}: '{'y' if split else 'unitPar'}' holds NaN or Inf")
-    return np.asarray(x, np.int16), np.asarray(y, np.float32)
+                        f"({layout.file_format}; data.sample_shape {list(data.sample_shape)})")
 
 
 # -- transformations --------------------------------------------------------------------
@@ -339,7 +134,7 @@ def _inspect_tfrecord(cfg: CosmoflowConfig):
     return inspect
 
 
-def _check_record_sizes(cfg: CosmoflowConfig, files: list[str], found: dict, layout: Layout) -> dict[str, str]:
+def _check_record_sizes(cfg: CosmoflowConfig, files: list[str], found: dict, layout: SampleLayout) -> dict[str, str]:
     """Files whose records are not all as long as the split's first record are read and their records
     checked (:func:`check_record`): a sample of another shape in a later file is named at start-up for
     the price of the header walk.  Returns {bad file: problem} (raised with ``data.on_bad_file: fail``)."""
@@ -365,9 +160,10 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
     data = cfg.data
     directory = pathlib.Path(data.data_dir) / split
     if data.format == "tfrecord":
-        files = list_files(directory, TFRECORD_PATTERNS, f"CosmoFlow {split} TFRecord", data.on_bad_file)
+        files = list_files(directory, formats.FILE_PATTERNS["tfrecord"], f"CosmoFlow {split} TFRecord",
+                           data.on_bad_file)
         files, found, problems = screen_files(files, _inspect_tfrecord(cfg), dist, data.on_bad_file, str(directory))
-        layout = record_layout(files[0], cfg)
+        layout = formats.record_layout(files[0], cfg)
         resized = _check_record_sizes(cfg, files, found, layout)
         if dist.is_root:
             for problem in resized.values():
@@ -383,8 +179,9 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
             chosen.append(f)
             total += counts[f]
         return chosen, used, None, problems, layout
-    files = list_files(directory, HDF5_PATTERNS, f"CosmoFlow {split} HDF5", data.on_bad_file)
-    files, found, problems = screen_files(files, lambda f: hdf5_layout(f, cfg), dist, data.on_bad_file, str(directory))
+    files = list_files(directory, formats.FILE_PATTERNS["hdf5"], f"CosmoFlow {split} HDF5", data.on_bad_file)
+    files, found, problems = screen_files(files, lambda f: formats.hdf5.file_layout(f, cfg), dist, data.on_bad_file,
+                                          str(directory))
     layouts = {layout for _, layout in found.values()}
     if len(layouts) > 1:
         raise DataError(f"{directory}: files of different layouts or target orders: "
@@ -394,82 +191,8 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
     return sorted({f for f, _ in index}), used, index, problems, layouts.pop()
 
 
-# -- staged raw samples -----------------------------------------------------------
-
-RAW_STAGED = "cosmoflow-raw-v1"
-
-
-def write_raw_samples(source: str, destination, voxels: int, n_targets: int, gzipped: bool) -> int:
-    """MLPerf TFRecords (``x`` int16 bytes, ``y`` floats) rewritten as raw samples, each ``x`` as stored then
-    ``y`` as little-endian float32, one after another; the CRC-32C of the bytes written.  Every record's
-    checksums (:func:`read_records`) and sizes are checked: a bad one is a DataError naming the file and record."""
-    crc = 0
-    with open(destination, "wb") as out:
-        for index, payload in enumerate(read_records(source, "gzip" if gzipped else "none")):
-            feature = tf.train.Example.FromString(payload).features.feature
-            x = feature["x"].bytes_list.value[0] if "x" in feature and feature["x"].bytes_list.value else b""
-            y = list(feature["y"].float_list.value) if "y" in feature else []
-            if len(x) != 2 * voxels or len(y) != n_targets:
-                raise DataError(f"{source}: record {index}: x of {len(x)} bytes and {len(y)} targets, expected "
-                                f"{2 * voxels} bytes (int16) and {n_targets} (MLPerf layout, data.sample_shape)")
-            sample = x + np.asarray(y, "<f4").tobytes()
-            out.write(sample)
-            crc = google_crc32c.extend(crc, sample)
-    return crc
-
-
-def raw_staged_format(cfg: CosmoflowConfig, layout: Layout) -> StagedFormat | None:
-    """The raw layout ``data.stage_decompress`` stages MLPerf's TFRecords in (None for other layouts, which
-    are staged as inflated TFRecords): read at an offset straight into one buffer, with no TFRecord read,
-    checksum, Example parse and decode copy per sample (2.2-2.7x the GZIP rate per core as inflated
-    TFRecords; docs/performance.md)."""
-    if layout.kind != "mlperf":
-        return None
-    voxels, n = math.prod(cfg.data.sample_shape), len(layout.targets)
-    gzipped = cfg.data.compression == "gzip"
-    return StagedFormat(RAW_STAGED, ".raw", lambda source, destination: write_raw_samples(
-        source, destination, voxels, n, gzipped))
-
-
-def raw_sample_table(cfg: CosmoflowConfig, files: list[str], dist: Distributed, layout: Layout):
-    """(file, byte offset) of every sample in this rank's raw staged copies, once per run (the sizes checked)."""
-    sample_bytes = 2 * math.prod(cfg.data.sample_shape) + 4 * len(layout.targets)
-    paths, offsets = [], []
-    for path in files:
-        size = pathlib.Path(path).stat().st_size
-        if size % sample_bytes:
-            raise DataError(f"{path}: {size} bytes is not a whole number of staged samples of {sample_bytes} bytes; "
-                            "empty data.stage_dir to stage it again")
-        paths += [path] * (size // sample_bytes)
-        offsets += range(0, size, sample_bytes)
-    if not paths:
-        raise DataError(f"{cfg.data.stage_dir}: rank {dist.rank} has no staged training samples (fewer training "
-                        f"files than the {dist.size} ranks?): stage more files or run fewer ranks")
-    return tf.constant(paths), tf.constant(offsets, tf.int64)
-
-
-def _raw_samples(cfg: CosmoflowConfig, table, dist: Distributed, seed, layout: Layout):
-    """(x int16, y float32, file name, True) per sample of :func:`raw_sample_table`, shuffled with ``seed``."""
-    shape = tuple(cfg.data.sample_shape)
-    voxels, n = math.prod(shape), len(layout.targets)
-    sample_bytes = 2 * voxels + 4 * n
-    paths, offsets = table
-    order = tf.random.experimental.stateless_shuffle(tf.range(tf.size(paths)), seed=[seed, dist.rank])
-    samples = tf.data.Dataset.from_tensor_slices((tf.gather(paths, order), tf.gather(offsets, order)))
-
-    def load(path, offset):
-        sample = read_at(path.decode(), int(offset), "u1", (sample_bytes,), "a staged sample")
-        return sample[:2 * voxels].view("<i2"), sample[2 * voxels:].view("<f4")
-
-    def read(path, offset):
-        x, y = tf.numpy_function(load, [path, offset], [tf.int16, tf.float32], stateful=False)
-        return tf.reshape(x, shape), tf.ensure_shape(y, [n]), path, tf.constant(True)
-
-    return samples.map(read, num_parallel_calls=AUTOTUNE)
-
-
 def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed, training: bool,
-             layout: Layout, compression: str | None = None):
+             layout: SampleLayout, compression: str | None = None):
     """(x as stored, y float32 in file order, file name) per sample for this rank, shuffled with ``seed``
     when training.
 
@@ -488,10 +211,10 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
         # A read buffer that holds a whole record (MLPerf files hold one 16 MiB sample each): 30% less CPU
         # than the 256 KiB default here.
         buffer_size = min(max(2 * math.prod(shape) + 1024, 256 << 10), 64 << 20)
+        compression_type = formats.tfrecord.compression_type(data) if compression is None else compression
 
         def read_file(name):
-            records = tf.data.TFRecordDataset(name, compression_type=_compression(data) if compression is None
-                                              else compression, buffer_size=buffer_size)
+            records = tf.data.TFRecordDataset(name, compression_type=compression_type, buffer_size=buffer_size)
             # With on_bad_file: skip, damage found while reading (past the start-up checks) drops the rest of that file.
             records = records.ignore_errors(log_warning=True) if data.on_bad_file == "skip" else records
             return records.map(lambda record: (record, name))   # the file name travels with its samples
@@ -513,7 +236,7 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
     items = tf.data.Dataset.from_tensor_slices((paths, crops)).shard(dist.size, dist.rank)
 
     def read(path, crop_index):
-        x, y = tf.numpy_function(lambda p, c: read_hdf5_crop(p, c, shape), [path, crop_index],
+        x, y = tf.numpy_function(lambda p, c: formats.hdf5.read_crop(p, c, shape), [path, crop_index],
                                  [tf.int16, tf.float32], stateful=False)
         x.set_shape(shape)
         y.set_shape([len(layout.targets)])
@@ -558,7 +281,7 @@ def check_batch(x, y, files, sized, bound: float, expected: str):
     return tf.ensure_shape(zero, [])
 
 
-def targets_transform(cfg: CosmoflowConfig, layout: Layout):
+def targets_transform(cfg: CosmoflowConfig, layout: SampleLayout):
     """y in file order -> the normalised targets of ``data.target_names``."""
     data = cfg.data
     index = [layout.targets.index(n) for n in data.target_names]
@@ -567,11 +290,11 @@ def targets_transform(cfg: CosmoflowConfig, layout: Layout):
     return lambda y: (tf.gather(y, index, axis=-1) - offset) / scale
 
 
-def _inputs_and_targets(cfg: CosmoflowConfig, layout: Layout, dtype=tf.float32):
+def _inputs_and_targets(cfg: CosmoflowConfig, layout: SampleLayout, dtype=tf.float32):
     """(x, y, files, sized) batch -> (normalised x, selected targets), both checked (:func:`check_batch`)."""
     data = cfg.data
     targets = targets_transform(cfg, layout)
-    expected = f"{layout.describe().split(';')[0]}, data.sample_shape {list(data.sample_shape)}, " \
+    expected = f"{layout.file_format}, data.sample_shape {list(data.sample_shape)}, " \
                f"{len(layout.targets)} targets"
 
     def finish(x, y, files, sized):
@@ -582,7 +305,8 @@ def _inputs_and_targets(cfg: CosmoflowConfig, layout: Layout, dtype=tf.float32):
     return finish
 
 
-def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed, layout: Layout) -> tf.data.Dataset:
+def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed,
+              layout: SampleLayout) -> tf.data.Dataset:
     data = cfg.data
 
     # Shuffle, augment and batch the raw int16 counts; normalise whole batches last: flips and permutations
@@ -618,19 +342,21 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     log.info(f"cosmoflow data: {data.data_dir}: {layout.describe()}; predicting {data.target_names}")
 
     train_compression = data.compression
-    raw = raw_staged_format(cfg, layout) if data.stage_decompress else None   # (GZIP TFRecords, by the config)
+    # data.stage_decompress (GZIP TFRecords, by the config): the variant's staged copy, else inflated TFRecords
+    staged_copy = formats.STAGED_AS.get(layout.kind) if data.stage_decompress else None
+    raw = staged_copy.staged_format(cfg, layout) if staged_copy else None
     if data.stage_dir and data.format == "tfrecord":
         train_files = stage_files(train_files, data.stage_dir, dist, decompress=data.stage_decompress,
                                   staged_format=raw, data_dir=data.data_dir)
         train_compression = "none" if data.stage_decompress else data.compression
-    raw_table = raw_sample_table(cfg, train_files, dist, layout) if raw else None
+    raw_table = staged_copy.sample_table(cfg, train_files, dist, layout) if raw else None
 
     def train_epoch(epoch):
         # A rank whose share is short of steps x batch (uneven files) reuses a few samples.  The epoch's samples
         # are cut before data.shuffle_buffer, which would otherwise fill from the repeat too (reading samples
         # past the epoch, then discarding them, and mixing them into it).
         seed_e = epoch_seed(seed, epoch)
-        records = (_raw_samples(cfg, raw_table, dist, seed_e, layout) if raw else _records(
+        records = (staged_copy.read_samples(cfg, raw_table, dist, seed_e, layout) if raw else _records(
             cfg, train_files, train_index, dist, seed_e, True, layout,
             compression="GZIP" if train_compression == "gzip" else "")).repeat(2)
         records = records.take(steps * data.batch_size)
@@ -666,22 +392,18 @@ def raw_samples(cfg: CosmoflowConfig, split: str = "validation"):
     for x, y, name, sized in records:
         if not sized:
             raise DataError(f"{name.numpy().decode()}: a record holds x or y of another size than "
-                            f"{layout.describe().split(';')[0]} with data.sample_shape {list(cfg.data.sample_shape)}")
+                            f"{layout.file_format} with data.sample_shape {list(cfg.data.sample_shape)}")
         yield x.numpy(), targets(y).numpy()
 
 
 def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
     """All normalised targets of a split (for baselines), selected as configured."""
     files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed())
-    if layout.kind in ("raw_hdf5", "split_hdf5"):
-        key = "unitPar" if layout.kind == "raw_hdf5" else "y"
-        per_file = {}
-        for path in files:
-            with h5py.File(path, "r") as f:
-                per_file[path] = np.asarray(f[key][:], np.float32)
+    if cfg.data.format == "hdf5":
+        per_file = {path: formats.hdf5.read_targets(path, layout) for path in files}
         ys = np.stack([per_file[p] for p, _ in index])
     else:
-        raw = tf.data.TFRecordDataset(files, compression_type=_compression(cfg.data))
+        raw = tf.data.TFRecordDataset(files, compression_type=formats.tfrecord.compression_type(cfg.data))
         shape = tuple(cfg.data.sample_shape)
         parsed = [parse_example(r, shape, layout) for r in raw]
         if not all(bool(sized) for _, _, sized in parsed):
@@ -700,14 +422,14 @@ def check_data(cfg: CosmoflowConfig) -> tuple[int, list[str]]:
         if data.format == "tfrecord":
             _check_tfrecord_fully(path, cfg, layouts)
             return
-        crops, layout = hdf5_layout(path, cfg)
+        crops, layout = formats.hdf5.file_layout(path, cfg)
         targets = targets_transform(cfg, layout)
         for crop in range(crops):
-            x, y = read_hdf5_crop(path, crop, data.sample_shape)
+            x, y = formats.hdf5.read_crop(path, crop, data.sample_shape)
             _check_values(path, f"crop {crop}", x, targets(y).numpy(), cfg.model.output_scale)
 
     return check_split_files(data.data_dir, ("train", "validation"),
-                             TFRECORD_PATTERNS if data.format == "tfrecord" else HDF5_PATTERNS,
+                             formats.FILE_PATTERNS[data.format],
                              f"CosmoFlow {data.format}", check_file)
 
 
@@ -729,11 +451,11 @@ def _check_tfrecord_fully(path: str, cfg: CosmoflowConfig, layouts: dict) -> Non
         raise DataError(f"{path}: holds {count} records but data.samples_per_file is {data.samples_per_file}")
     split = pathlib.Path(path).parent.name
     if split not in layouts:
-        layouts[split] = record_layout(path, cfg)
+        layouts[split] = formats.record_layout(path, cfg)
     layout = layouts[split]
     shape = tuple(data.sample_shape)
     targets = targets_transform(cfg, layout)
-    for i, record in enumerate(tf.data.TFRecordDataset(path, compression_type=_compression(data))):
+    for i, record in enumerate(tf.data.TFRecordDataset(path, compression_type=formats.tfrecord.compression_type(data))):
         check_record(record.numpy(), path, i, cfg, layout)
         x, y, _ = parse_example(record, shape, layout)
         _check_values(path, f"record {i}", x.numpy(), targets(y).numpy(), cfg.model.output_scale)
@@ -747,7 +469,7 @@ def input_ceiling(cfg: CosmoflowConfig, samples: int) -> dict:
     data = cfg.data
     if data.format != "tfrecord":
         return {"samples_per_second": None, "why_none": "the ceiling loop reads TFRecords (data.format: hdf5)"}
-    files = list_files(pathlib.Path(data.data_dir) / "train", TFRECORD_PATTERNS, "CosmoFlow train TFRecord")
+    files = list_files(pathlib.Path(data.data_dir) / "train", formats.tfrecord.PATTERNS, "CosmoFlow train TFRecord")
     done, checksum, start = 0, 0.0, time.perf_counter()
     while done < samples:
         for path in files:
