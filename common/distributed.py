@@ -24,23 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from common.deferred import tensorflow as tf   # at first use: the launcher (launch) never needs it
 from common.errors import UserInputError
 
 # Imported where used, not here: Horovod, only in a process that a launcher (horovodrun, mpirun, srun) started as
 # one of several ranks (and horovodrun's runner in :func:`launch`).
-
-
-class _TensorFlowOnFirstUse:
-    """``tf`` of this module: TensorFlow is imported when first used, then stands here itself.  The launcher
-    (:func:`launch`) imports this module in a process that starts ranks and never needs TensorFlow."""
-
-    def __getattr__(self, name):
-        import tensorflow   # deferred: see the class docstring
-        globals()["tf"] = tensorflow
-        return getattr(tensorflow, name)
-
-
-tf = _TensorFlowOnFirstUse()
 
 log = logging.getLogger(__name__)
 

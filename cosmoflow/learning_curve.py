@@ -26,8 +26,10 @@ import pathlib
 import sys
 
 import numpy as np
+import yaml
 
 from common.cli import exit_on_user_error
+from common.deferred import pyplot as plt
 from common.errors import UserInputError
 from common.storage.outputs import save_figure, write_json
 from common.storage.plots import read_history
@@ -50,8 +52,6 @@ def _read_json(path: pathlib.Path, what: str) -> dict:
 def read_run(run_dir) -> dict:
     """One evaluated training run: its data folder, training-set size, seed, and per parameter the validation
     MAE and its ratio to the training-mean baseline (and, when ``history.csv`` has them, per epoch)."""
-    import yaml   # deferred: PyYAML only to read a run's config
-
     run_dir = pathlib.Path(run_dir)
     metrics = _read_json(run_dir / "metrics.json", "python -m cosmoflow.evaluate --run-dir RUN writes it")
     summary = _read_json(run_dir / "summary.json", "a finished python -m cosmoflow.train run writes it")
@@ -106,12 +106,6 @@ def check_same_data(information: dict, runs: list[dict], information_path) -> No
 
 def plot(networks: dict[str, dict], regressions: dict, title: str):
     """One panel per parameter: MAE / training-mean MAE against training volumes (the figure)."""
-    import matplotlib   # deferred: matplotlib only where the figure is drawn
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
     names = [n for n in PANELS if any(n in rows for curve in networks.values() for rows in curve.values())]
     fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.6), squeeze=False)
     colours = ["C0", "C3", "C4", "C5", "C6"]
@@ -126,8 +120,8 @@ def plot(networks: dict[str, dict], regressions: dict, title: str):
                           yerr=[curve[str(n)][name]["ratio_std"] for n in sizes], capsize=3, ms=4, label=label, **style)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
-        plain = FuncFormatter(lambda value, _: f"{value:.2g}")
-        axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        plain = plt.FuncFormatter(lambda value, _: f"{value:.2g}")
+        axis.xaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:g}"))
         axis.yaxis.set_major_formatter(plain)
         axis.yaxis.set_minor_formatter(plain)
         axis.tick_params(axis="y", which="both", labelsize=7)

@@ -39,6 +39,7 @@ from common.cli import exit_on_user_error, non_negative_int_argument, positive_i
 from common.config import load_config
 from common.storage.outputs import generated_folder, mark_hdf5
 from common.console.progress import Progress
+from common.deferred import tensorflow as tf   # imported at first use: only the TFRecord layout needs it
 from common.errors import ConfigError, UserInputError
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig, MockSection
 
@@ -170,8 +171,6 @@ def make_universe(params: np.ndarray, grid: int, mock: MockSection, rng: np.rand
 
 def write_tfrecord(path, samples, compression: str = "none") -> None:
     """Samples [(x int16 array, y float32[4])] as TFRecord examples (MLPerf layout)."""
-    import tensorflow as tf   # deferred: TensorFlow only for the TFRecord layout; HDF5 mocks are written without it
-
     options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
     with tf.io.TFRecordWriter(str(path), options) as writer:
         for x, y in samples:

@@ -25,8 +25,8 @@ SPLIT_NAMES = {"train": ("train",), "validation": ("val",), "test": ("test",)}
 # The data tools (subset, manifest, verify: common/tools/datatools.py) need no TensorFlow: run before it loads.
 # The splits share one folder: a subset draws its events from each split.
 if __name__ == "__main__":
-    from common.tools.datatools import Layout, main
-    raise SystemExit(main(Layout("HEP", ("*.h5", "*.hdf5"), rows_per_file=True,
+    from common.tools.datatools import DatasetFiles, main
+    raise SystemExit(main(DatasetFiles("HEP", ("*.h5", "*.hdf5"), rows_per_file=True,
                                  count_datasets=("label", "all_events/y", "y"),
                                  split_tags=tuple(tag for tags in SPLIT_NAMES.values() for tag in tags)),
                           prog="python -m hep_cnn.data"))
@@ -43,12 +43,12 @@ import tensorflow as tf
 
 from common.application import Datasets
 from common.storage.data import check_quietly, epoch_seed, list_files, reading, screen_files, select_count, steps_for
-from common.storage.derived import derived_file
+from common.storage.derived import derived_dir, derived_file, writable_derived
+from common.storage.outputs import check_replaceable, write_json
 from common.distributed import Distributed
 from common.errors import DataError
 from hep_cnn.config import HepConfig
 from hep_cnn.loss import training_example
-from hep_cnn.maxima import write_maxima
 from hep_cnn.synth import dataset_present, generate_dataset
 
 log = logging.getLogger(__name__)
@@ -254,6 +254,16 @@ def compute_maxima(cfg: HepConfig) -> dict:
         weight_max = max(weight_max, float(weights.max()))
     return {"channel_max": channel_max.tolist(), "weight_max": weight_max,
             "layout": cfg.data.layout, "image_size": cfg.data.image_size}
+
+
+def write_maxima(cfg: HepConfig, force: bool = False, path=None) -> dict:
+    """Compute and write the maxima into ``path`` (default: the derived folder, never the data folder); a file
+    there that this suite did not write is kept (an error) unless ``force``."""
+    path = writable_derived(derived_dir(cfg.data) / cfg.data.maxima_file) if path is None else path
+    check_replaceable(path, force, "pass --force to replace it, or set data.maxima_file to another name")
+    maxima = compute_maxima(cfg)
+    write_json(path, maxima, "hep_cnn.maxima", force)
+    return maxima
 
 
 def maxima_path(cfg: HepConfig) -> pathlib.Path:

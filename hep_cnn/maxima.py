@@ -8,6 +8,10 @@ never the data folder, which may be read-only): the maximum
 of each of the three channels and of the event weight over the training
 split; the pipeline divides each channel by its maximum and, with
 ``weight_normalization: max``, the weights by theirs.  Written atomically.
+
+This module is the command only: computing, writing and reading the maxima live
+in ``hep_cnn.data`` beside the pipeline that uses them (which also writes them
+when a run finds none).
 """
 
 from __future__ import annotations
@@ -17,21 +21,7 @@ import sys
 
 from common.cli import exit_on_user_error
 from common.config import load_config
-from common.storage.derived import derived_dir, writable_derived
-from common.storage.outputs import check_replaceable, write_json
 from hep_cnn.config import HepConfig
-
-
-def write_maxima(cfg, force: bool = False, path=None) -> dict:
-    """Compute and write the maxima into ``path`` (default: the derived folder, never the data folder); a file
-    there that this suite did not write is kept (an error) unless ``force``."""
-    from hep_cnn.data import compute_maxima   # deferred: TensorFlow, and hep_cnn.data imports this module
-
-    path = writable_derived(derived_dir(cfg.data) / cfg.data.maxima_file) if path is None else path
-    check_replaceable(path, force, "pass --force to replace it, or set data.maxima_file to another name")
-    maxima = compute_maxima(cfg)
-    write_json(path, maxima, "hep_cnn.maxima", force)
-    return maxima
 
 
 def main(argv=None) -> int:
@@ -42,7 +32,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with exit_on_user_error():
         # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
-        from hep_cnn.data import maxima_path
+        from hep_cnn.data import maxima_path, write_maxima
 
         cfg = load_config(HepConfig, args.config, args.set)
         maxima = write_maxima(cfg, args.force)

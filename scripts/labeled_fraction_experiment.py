@@ -30,6 +30,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common.deferred import pyplot as plt  # noqa: E402
 from common.errors import UserInputError  # noqa: E402
 from common.storage.outputs import check_run_dir, mark_run_dir, write_json  # noqa: E402
 
@@ -76,11 +77,6 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def plot(summary: list[dict], path: pathlib.Path) -> None:
-    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for axis, metric in zip(axes, ("map_0.1", "map_0.5")):
         for mode, colour in zip(CONFIGS, ("tab:blue", "tab:red")):

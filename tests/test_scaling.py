@@ -169,7 +169,7 @@ def test_sysbench_alone_times_one_process_and_refuses_ranks_of_a_job(tiny_cosmo_
     """`sysbench --alone`, what a sysbench job runs last on its first node for the one-node rate: the trainer as
     a run of one process, its figures as a JSON line; started with a launcher's world around it, it refuses.
     The job starts it with the launcher's variables removed (rank, size, PMI/PMIx, Horovod), the rest kept."""
-    from common.distributed import launched_world_size, single_process_environment
+    from common.distributed import single_process_environment
     from tests.conftest import last_json_line, tiny_cosmo_overrides
 
     launched = {"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "7", "OMPI_COMM_WORLD_SIZE": "3",

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, final_weights, finished, job, live_processes, read, submit, tiny_cosmo_overrides, wait_for
+from conftest import final_weights, finished, job, live_processes, read, submit, tiny_cosmo_overrides, wait_for
 
 pytestmark = pytest.mark.slurm
 

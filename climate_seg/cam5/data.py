@@ -5,8 +5,8 @@ from __future__ import annotations
 
 # The data tools (subset, manifest, verify: common/tools/datatools.py): run before the readers load.
 if __name__ == "__main__":
-    from common.tools.datatools import Layout, main
-    raise SystemExit(main(Layout("CAM5 (DeepCAM)", ("*.h5",), exclude=("stats*.h5",)),
+    from common.tools.datatools import DatasetFiles, main
+    raise SystemExit(main(DatasetFiles("CAM5 (DeepCAM)", ("*.h5",), exclude=("stats*.h5",)),
                           prog="python -m climate_seg.cam5.data"))
 
 import logging

@@ -90,8 +90,7 @@ def onednn_setting() -> str:
 
 def onednn_enabled() -> bool:
     """Whether TensorFlow runs its oneDNN CPU kernels in this process (imports TensorFlow)."""
-    # deferred: this module is read before TensorFlow loads (it sets TF_ENABLE_ONEDNN_OPTS); noqa: F401
-    import tensorflow
+    # deferred: this module is read before TensorFlow loads (it sets TF_ENABLE_ONEDNN_OPTS)
     from tensorflow.python.util import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled())

@@ -33,6 +33,7 @@ import time
 import keras
 import numpy as np
 
+from common.deferred import tensorflow as tf   # at first use: the history functions need none
 from common.storage import outputs
 
 log = logging.getLogger(__name__)
@@ -164,10 +165,6 @@ def _reconcile_tensorboard(board: pathlib.Path, history: list[dict], epochs_comp
     no point is removed), and the ``epoch_*`` points of committed epochs that a crash kept out (written after
     the checkpoint, or still in a killed writer's buffer) are written from the checkpoint into a file of
     their own."""
-    import tensorflow as tf   # deferred: the TensorFlow-free paths import this module's history functions
-    from tensorflow.core.framework import summary_pb2
-    from tensorflow.core.util import event_pb2
-
     dropped, restored = 0, set()
     for folder, validation in (("train", False), ("validation", True)):
         present = set()
@@ -177,7 +174,7 @@ def _reconcile_tensorboard(board: pathlib.Path, history: list[dict], epochs_comp
             events, whole = [], True
             try:
                 for record in tf.data.TFRecordDataset(str(path)):
-                    events.append(event_pb2.Event.FromString(record.numpy()))
+                    events.append(tf.compat.v1.Event.FromString(record.numpy()))
             except (tf.errors.DataLossError, tf.errors.OutOfRangeError):
                 whole = False   # its last event cut short by a crash: the rest is kept
             kept, points, changed = [], 0, not whole
@@ -219,11 +216,11 @@ def _reconcile_tensorboard(board: pathlib.Path, history: list[dict], epochs_comp
             (board / folder).mkdir(exist_ok=True)
             with outputs.atomic_path(board / folder / name) as temporary:
                 with tf.io.TFRecordWriter(str(temporary)) as writer:
-                    writer.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
+                    writer.write(tf.compat.v1.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
                     for step, values in missing:
-                        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)
-                                                             for tag, value in sorted(values.items())])
-                        writer.write(event_pb2.Event(wall_time=now, step=step, summary=summary).SerializeToString())
+                        summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
+                                                              for tag, value in sorted(values.items())])
+                        writer.write(tf.compat.v1.Event(wall_time=now, step=step, summary=summary).SerializeToString())
             restored.update(step + 1 for step, _ in missing)
     said = []
     if dropped:

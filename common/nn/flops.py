@@ -26,8 +26,7 @@ import time
 import keras
 import numpy as np
 
-# Imported where used, not here: TensorFlow, only on Keras's TensorFlow backend: the models also build and train
-# on the JAX backend, where it is absent.
+from common.deferred import tensorflow as tf   # imported at first use: absent on Keras' JAX backend
 
 FLOP_CONVENTION = "2 FLOP per multiply-add; bias, activation, pooling not counted; training step = 3 x forward"
 TRAINING_FLOPS_FACTOR = 3
@@ -146,8 +145,6 @@ def matmul_peak(dtype: str = "float32", sizes: tuple[int, ...] | None = None, re
     """The measured peak of ``dtype`` matmuls here, once per process (cached): at each size one warm-up
     product, then ``repetitions`` timings of at least ``seconds`` each; the best timing is the peak.  Sizes
     by default where the rate has reached its plateau: 1024 and 2048 on a CPU, 4096 and 8192 on a GPU."""
-    import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
-
     if sizes is None:
         sizes = (4096, 8192) if tf.config.list_physical_devices("GPU") else (1024, 2048)
 

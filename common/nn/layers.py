@@ -29,9 +29,7 @@ import functools
 import keras
 
 from common.console.cpu import onednn_enabled
-
-# Imported where used, not here: TensorFlow, only on Keras's TensorFlow backend: the models also build and train
-# on the JAX backend, where it is absent.
+from common.deferred import tensorflow as tf   # imported at first use: absent on Keras' JAX backend
 
 
 @keras.saving.register_keras_serializable(package="common")
@@ -44,8 +42,6 @@ class DilatedConv2D(keras.layers.Conv2D):
                   and native_dilated_conv_trains(keras.backend.standardize_dtype(inputs.dtype)))
         if not native:
             return super().convolution_op(inputs, kernel)
-        import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
-
         return tf.nn.conv2d(inputs, kernel, strides=1, padding=self.padding.upper(),
                             dilations=list(self.dilation_rate))
 
@@ -58,8 +54,6 @@ def native_dilated_conv_trains(dtype: str = "float32") -> bool:
     answer is found by trying a tiny one, once per dtype (outside any graph being traced)."""
     if keras.backend.backend() != "tensorflow":
         return False
-    import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
-
     if not (onednn_enabled() or tf.config.list_physical_devices("GPU")):
         return False
     # The two kernels a dilated convolution's gradient runs, called directly (init_scope pauses gradient tapes).
@@ -91,8 +85,6 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
     def call(self, inputs, training=None, mask=None):
         if not self._fused_applies(inputs, training, mask):
             return super().call(inputs, training=training, mask=mask)
-        import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
-
         channels = inputs.shape[-1]
         shape = tf.shape(inputs)
         x = inputs if inputs.dtype in (tf.float32, tf.bfloat16, tf.float16) else tf.cast(inputs, tf.float32)
@@ -121,8 +113,6 @@ class ByteDropout(keras.layers.Dropout):
         if not (training and 0 < self.rate < 1 and self.noise_shape is None
                 and keras.backend.backend() == "tensorflow"):
             return super().call(inputs, training=training)
-        import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
-
         levels = 256 if float(self.rate * 256).is_integer() else 65536
         threshold = int(round(self.rate * levels))  # keep when the draw is >= threshold
         word = tf.uint8 if levels == 256 else tf.uint16

@@ -17,10 +17,8 @@ from __future__ import annotations
 import keras
 
 from common.console.cpu import has_bf16_units
+from common.deferred import tensorflow as tf   # imported at first use: absent on Keras' JAX backend
 from common.errors import ConfigError
-
-# Imported where used, not here: TensorFlow, only on Keras's TensorFlow backend: the models also build and train
-# on the JAX backend, where it is absent.
 
 POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16", "mixed_bfloat16": "mixed_bfloat16"}
 
@@ -29,8 +27,6 @@ def resolve(precision: str) -> str:
     """The concrete policy for ``precision`` on this process's device (``auto`` decided, others as given)."""
     if precision != "auto":
         return precision
-    import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
-
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
@@ -62,8 +58,6 @@ def compute_dtype(precision: str) -> str:
 def check_device_support(precision: str) -> None:
     """mixed_float16 is a GPU policy: TensorFlow's CPU kernels lack float16 for
     ops such as MaxPool3D, so fail early with a message instead of mid-graph."""
-    import tensorflow as tf   # deferred: TensorFlow backend only; this module also runs on Keras' JAX backend
-
     if precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         raise ConfigError("train.precision: mixed_float16 needs a GPU (TensorFlow has no float16 CPU kernels "
                           "for ops such as MaxPool3D); use mixed_bfloat16 on CPUs")

@@ -43,14 +43,16 @@ import tempfile
 import threading
 
 import numpy as np
+import yaml
 
+from common.deferred import h5py   # at first use: only for an HDF5 file (the module serves --help paths)
 from common.errors import DataError, UserInputError
 from common.storage.scratch import remove_if_abandoned
 
 log = logging.getLogger(__name__)
 
-# Imported where used, not here: h5py, Pillow and numpy, only to mark or write such a file: the TensorFlow-free
-# command line (--help, config checks) imports this module.
+# Imported where used, not here: Pillow, only to read a PNG's mark: the TensorFlow-free command line (--help,
+# config checks) imports this module.
 
 SUITE = "hpc-dl-suite"
 WRITTEN_BY = "written_by"
@@ -133,8 +135,6 @@ def _embedded_mark(path: pathlib.Path) -> str:
     """The ``written_by`` a file carries in itself ('' when none)."""
     suffix = path.suffix.lower()
     if suffix in HDF5_SUFFIXES:
-        import h5py   # deferred: h5py only for an HDF5 file; the module serves --help paths
-
         if not h5py.is_hdf5(path):
             return ""
         with h5py.File(path, "r") as f:
@@ -254,8 +254,6 @@ def write_json(path, payload: dict, tool: str, force: bool = False) -> None:
 def write_yaml(path, payload: dict, tool: str, force: bool = False) -> None:
     """``payload`` as YAML, atomically, under a first-line comment that says the suite wrote it (a key would be
     one the file's schema does not know)."""
-    import yaml   # deferred: PyYAML only where a YAML file is written
-
     with atomic_path(path, force) as temporary:
         temporary.write_text(f"{YAML_MARK}{provenance(tool)}\n" + yaml.safe_dump(payload, sort_keys=False))
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 import csv
 import pathlib
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from common.deferred import pyplot as plt
 
 
 def read_history(path: str | pathlib.Path) -> dict[str, list[float]]:

@@ -20,7 +20,7 @@ from the sorted names, so the same call gives the same subset), every other file
 normalisation files) copied as it is.  Where one file holds many samples (HEP's chunks), ``--n`` samples are
 drawn the same way and written as HDF5 files of the same datasets and attributes, each dataset whose first axis
 counts the file's samples cut to the drawn rows.  Where the splits share a folder (HEP's ``*train*``, ``*val*``,
-``*test*`` files: :attr:`Layout.split_tags`), ``--n`` are drawn from each split, so none is left empty.  An
+``*test*`` files: :attr:`DatasetFiles.split_tags`), ``--n`` are drawn from each split, so none is left empty.  An
 ``--n`` above what a folder (or split) holds is refused, naming it and its count: a subset is never smaller
 than asked.  The target must be absent or an empty folder (or a link to one: filled through a work folder
 renamed at the end), and neither inside the source nor holding it: the source folder is only ever read.
@@ -59,8 +59,10 @@ import zlib
 import google_crc32c
 import numpy as np
 
+from common.deferred import h5py   # at first use: only the layouts of many samples per file need it
 from common.errors import EXIT_BAD_INPUT, UserInputError
 from common.storage.tfrecord import masked_crc32c   # google-crc32c only, no TensorFlow
+from common.storage.outputs import atomic_path, folder_summary, generated_folder, is_empty_folder, require_fillable
 from common.storage.sample_files import bad_entries_message, entry_problem
 
 CHUNK_BYTES = 4 << 20
@@ -72,7 +74,7 @@ NAMED_AT_MOST = 3   # names listed in a one-line message before the rest are cou
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class DatasetFiles:
     """Which files of a dataset folder hold samples: ``patterns`` but not ``exclude`` (fnmatch on the file
     name); with ``rows_per_file``, each such file is HDF5 holding many samples along the first axis of its
     datasets, counted by the first of ``count_datasets`` it has.  ``split_tags``: where the splits share one
@@ -107,7 +109,7 @@ class Listing:
         return path.relative_to(self.root).as_posix()
 
 
-def list_folder(folder: pathlib.Path, layout: Layout | None = None) -> Listing:
+def list_folder(folder: pathlib.Path, layout: DatasetFiles | None = None) -> Listing:
     """Every file under ``folder``, through symbolic links to files and to folders (as ``find -L`` does: a
     folder reached by two paths is listed under both; a link back to a folder above it is a loop, named); every
     entry that is no readable file (:func:`common.storage.sample_files.entry_problem`), a folder that cannot be
@@ -143,7 +145,7 @@ def list_folder(folder: pathlib.Path, layout: Layout | None = None) -> Listing:
     return listing
 
 
-def readable_listing(folder: pathlib.Path, layout: Layout | None, consequence: str) -> Listing:
+def readable_listing(folder: pathlib.Path, layout: DatasetFiles | None, consequence: str) -> Listing:
     """:func:`list_folder`, refused (one line, ending in ``consequence``) when an entry cannot be read as a file
     or when the folder holds no file at all."""
     listing = list_folder(folder, layout)
@@ -187,11 +189,8 @@ class Draw:
     chosen: np.ndarray
 
 
-def subset(layout: Layout, source, target, n: int, seed: int = 0) -> dict:
+def subset(layout: DatasetFiles, source, target, n: int, seed: int = 0) -> dict:
     """Write the subset of ``source`` into ``target`` (see the module's docstring); what was written."""
-    # deferred: the folder writer only for the subset
-    from common.storage.outputs import folder_summary, generated_folder, is_empty_folder, require_fillable
-
     source, target = _source_folder(source), pathlib.Path(target)
     if n < 1:
         raise UserInputError(f"--n {n}: expected a positive number of samples per folder")
@@ -229,7 +228,7 @@ def subset(layout: Layout, source, target, n: int, seed: int = 0) -> dict:
     return report
 
 
-def _draw(layout: Layout, folder: str, tag: str, samples: list[pathlib.Path], source: pathlib.Path, n: int,
+def _draw(layout: DatasetFiles, folder: str, tag: str, samples: list[pathlib.Path], source: pathlib.Path, n: int,
           seed: int) -> Draw:
     """``n`` of the group's samples drawn with ``seed`` (and the group's name: each group its own draw); more
     than the group holds is refused, naming it and its count."""
@@ -264,11 +263,8 @@ def _hdf5_errors(path: pathlib.Path, what: str):
         raise UserInputError(f"{path}: {what} ({detail})") from None
 
 
-def _row_count(layout: Layout, path: pathlib.Path) -> int:
+def _row_count(layout: DatasetFiles, path: pathlib.Path) -> int:
     """The samples one HDF5 file holds: the length of the first of ``layout.count_datasets`` it has."""
-    # deferred: h5py only where a layout keeps many samples per file
-    import h5py
-
     with _hdf5_errors(path, f"not a readable HDF5 file of the {layout.name} layout"), h5py.File(path, "r") as handle:
         found = [name for name in layout.count_datasets if name in handle]
         if not found:
@@ -280,9 +276,6 @@ def _row_count(layout: Layout, path: pathlib.Path) -> int:
 def _write_rows(source: pathlib.Path, destination: pathlib.Path, rows: np.ndarray, count: int) -> None:
     """``rows`` of every dataset of ``source`` whose first axis has ``count`` entries (the others whole) into
     the new HDF5 file ``destination``, with the same attributes and compression."""
-    # deferred: h5py only where a layout keeps many samples per file
-    import h5py
-
     unreadable, unwritable = "not a readable HDF5 file", "cannot be written"
     destination.parent.mkdir(parents=True, exist_ok=True)
     with _hdf5_errors(source, unreadable), h5py.File(source, "r") as reader, \
@@ -502,12 +495,9 @@ def check_files(paths: list[pathlib.Path], workers: int, progress: bool) -> list
     return results   # type: ignore[return-value]
 
 
-def write_manifest(source, out, workers: int = 0, progress: bool = True, layout: Layout | None = None) -> int:
+def write_manifest(source, out, workers: int = 0, progress: bool = True, layout: DatasetFiles | None = None) -> int:
     """sha256 lines of every file under ``source`` into the new file ``out``; the number of files.  Refused
     when an entry cannot be read as a file, a file is corrupt, or there is no file (a manifest of nothing)."""
-    # deferred: the atomic writer only for the manifest
-    from common.storage.outputs import atomic_path
-
     source, out = _source_folder(source), pathlib.Path(out)
     _check_apart(source, out, "--out")
     if out.exists() or out.is_symlink():
@@ -562,7 +552,7 @@ class Verdict:
     listed: int | None
 
 
-def verify(source, manifest=None, workers: int = 0, progress: bool = True, layout: Layout | None = None) -> Verdict:
+def verify(source, manifest=None, workers: int = 0, progress: bool = True, layout: DatasetFiles | None = None) -> Verdict:
     """Every file under ``source`` read whole, and compared with ``manifest`` when given (see the module's
     docstring).  ``layout`` tells sample files from others (without it, every file counts as a sample)."""
     source = _source_folder(source)
@@ -602,7 +592,7 @@ def default_workers() -> int:
 
 # -- command line -------------------------------------------------------------------------------------
 
-def main(layout: Layout, argv=None, prog: str = "") -> int:
+def main(layout: DatasetFiles, argv=None, prog: str = "") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     part = commands.add_parser("subset", help="a small reproducible subset in the same layout")

@@ -77,6 +77,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from common.cli import exit_on_user_error, find_application, positive_number_argument
 from common.config import Section, load_config, read_yaml, validate
+from common.deferred import pyplot as plt
 from common.errors import ConfigError, DataError
 from common.storage.outputs import save_figure
 from common.tools import bench
@@ -422,11 +423,6 @@ def published_points() -> list[dict]:
 
 def plot(rows: list[dict], title: str, out_png, force: bool = False) -> None:
     """Samples/s and parallel efficiency against nodes, written to ``out_png`` through the guarded writer."""
-    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     nodes = [r["nodes"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.loglog(nodes, [r["samples_per_second"] for r in rows], "o-", label="model")

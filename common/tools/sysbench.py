@@ -47,6 +47,7 @@ from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
 from common.errors import ConfigError
 from common.storage import outputs
+from common.tools.scaling import collective_terms
 
 # Imported where used, not here: TensorFlow, Horovod and the engine modules that import them (after the
 # arguments are parsed, so that --help answers without them), and yaml (for the output).
@@ -185,9 +186,6 @@ def measure_allreduce(dist, sizes: list[int], repeats: int = ALLREDUCE_REPEATS) 
 def fit_network(rows: list[dict]) -> tuple[float, float, float]:
     """(latency_s, bandwidth_Bps, worst relative error) of the model's per-collective cost fitted to ``rows``:
     t = a(p) latency + b(p, n) / bandwidth, least squares in relative error, both figures kept positive."""
-    # deferred: the model (pydantic) only once the measurement is in
-    from common.tools.scaling import collective_terms
-
     terms = np.array([collective_terms(r["bytes"], r["ranks"]) for r in rows], dtype=float)
     seconds = np.array([r["seconds"] for r in rows])
     weighted = terms / seconds[:, None]
