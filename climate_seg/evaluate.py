@@ -4,26 +4,20 @@
 
 Segmentation: ``metrics.json`` with IoU per class, mean IoU and pixel accuracy, ``masks.png``,
 ``training_curves.png`` (:mod:`climate_seg.segmentation.evaluate`).  Detection: AP per class and mAP at
-IoU 0.1 and 0.5, ``boxes.png``, ``reconstruction.png`` (:mod:`climate_seg.detection.evaluate`).
+IoU 0.1 and 0.5, ``boxes.png``, ``reconstruction.png`` (:mod:`climate_seg.detection.evaluate`).  The task is
+chosen where the training's is, by :data:`climate_seg.application.TASKS`.
 """
 
 from __future__ import annotations
 
-from climate_seg.detection import evaluate as detection
-from climate_seg.segmentation import evaluate as segmentation
 from common.cli import exit_process
-from common.evaluate import Evaluator, evaluate_run, main, run_config_key
-
-
-def evaluator_for(run_dir) -> Evaluator:
-    """The detection evaluator for a run whose config says ``task: detection``, else segmentation's."""
-    return detection.EVALUATOR if run_config_key(run_dir, "task") == "detection" else segmentation.EVALUATOR
+from common.evaluate import evaluate_run, evaluator_of, run_evaluate
 
 
 def evaluate(run_dir, split: str = "test", data_dir: str | None = None, force: bool = False) -> dict:
     """The task's evaluation of ``run_dir`` on ``split``; the metrics it wrote to ``metrics.json``."""
-    return evaluate_run(evaluator_for(run_dir), run_dir, split, data_dir, force)
+    return evaluate_run(evaluator_of("climate_seg", run_dir), run_dir, split, data_dir, force)
 
 
 if __name__ == "__main__":
-    exit_process(main(evaluator_for, prog="python -m climate_seg.evaluate", description=__doc__.split("\n\n")[0]))
+    exit_process(run_evaluate("climate_seg", description=__doc__.split("\n\n")[0]))

@@ -1,41 +1,36 @@
 """The contract between an application and the engine, in one file that imports no TensorFlow.
 
-An application (``<app>/application.py``) hands the engine an :class:`Application`:
-its config schema and, by name, the functions that build its model, datasets, loss
-and metrics.  ``build_datasets`` returns :class:`Datasets`.  Naming the functions
-(``"cosmoflow.model:build_model"``) rather than importing them keeps this module and
-every ``application.py`` free of TensorFlow, so ``--help``, config checks and the
-SLURM tools answer before TensorFlow (seconds) is imported.
+An application (``<app>/application.py``) declares itself once, as an :class:`Application`, and registers that
+declaration once, in ``pyproject.toml`` (:mod:`common.registry`).  The declaration holds everything the engine
+needs, in two halves:
+
+===========================  ==========================================================================
+what                         where in the declaration
+===========================  ==========================================================================
+name, config schema,         plain fields, read by ``--help``, the config checks and the SLURM tools,
+default config, MLPerf spec  which answer before TensorFlow (seconds) is imported
+evaluation                   :class:`Evaluator` (its metrics, report lines, outputs, splits; TensorFlow
+                             and matplotlib load inside its functions)
+published reference numbers  :class:`PublishedRate` (what ``common.tools.bench`` compares against)
+model, datasets, loss,       :class:`Parts`, returned by the declaration's ``parts`` function, which
+metrics, data hooks          imports the TensorFlow half at the first read of any of them
+===========================  ==========================================================================
+
+``build_datasets`` returns :class:`Datasets`.  A package holding several applications chosen by a config key
+(climate_seg: segmentation and detection) registers :class:`Tasks`, the one place that choice is made.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import functools
 import logging
 import pathlib
 from typing import Any, Callable
 
+from common.errors import ConfigError
+
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Ref:
-    """A function named ``"package.module:function"``, imported at its first call."""
-
-    target: str
-
-    def resolve(self) -> Callable:
-        """The function ``target`` names (``"module:function"``), imported now."""
-        module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)
-
-    def __call__(self, *args, **kwargs):
-        return self.resolve()(*args, **kwargs)
-
-
-def _ref(function):
-    return Ref(function) if isinstance(function, str) else function
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,39 +43,118 @@ class MlperfSpec:
     target: float                     # the quality target
     higher_is_better: bool = False
     # (cfg, the built WarmupDecay schedule) -> extra {key: value} events (override the common ones)
-    hyperparameters: Callable[[Any, Any], dict] | str | None = None
+    hyperparameters: Callable[[Any, Any], dict] | None = None
 
-    def __post_init__(self):
-        object.__setattr__(self, "hyperparameters", _ref(self.hyperparameters))
+
+@dataclasses.dataclass(frozen=True)
+class PublishedRate:
+    """A published per-accelerator training rate the input pipeline must feed: ``common.tools.bench`` projects
+    the cores of input pipeline one accelerator needs (rate / per-core rate).  It holds for the sample shape it
+    was measured at only: a per-core rate at 16^3 says nothing of 128^3 volumes (512x the voxels)."""
+
+    samples_per_second: float         # per accelerator
+    accelerator: str                  # e.g. "H100"
+    sample_shape: tuple[int, ...]     # the shape of one sample it was measured at
+    source: str                       # where the number is published
+
+    def as_dict(self) -> dict:
+        """The fields as JSON writes them (the shape a list)."""
+        return {**dataclasses.asdict(self), "sample_shape": list(self.sample_shape)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+    """What one application's evaluation is (``python -m <app>.evaluate``; the driver is :mod:`common.evaluate`)."""
+
+    tool: str                                   # "<app>.evaluate": the mark its files carry
+    schema: type                                # the application's config schema
+    evaluate: Callable[..., dict]               # (writer, cfg, model, split) -> metrics
+    report: Callable[[dict], list[str]]         # metrics -> the lines printed
+    outputs: tuple[str, ...]                    # every file it may write (checked before any work)
+    splits: tuple[str, ...]                     # the first is the default
+    curves: tuple[str, ...] | Callable[..., tuple] = ()   # history.csv metrics in training_curves.png (or cfg -> them)
+    description: str = ""
+
+    @property
+    def all_outputs(self) -> tuple[str, ...]:
+        """Every file the evaluation writes into the run directory, the training-curve figure included when it has
+        one."""
+        return self.outputs + (("training_curves.png",) if self.curves else ())
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """The TensorFlow half of an application: what its ``parts`` function imports and returns."""
+
+    build_model: Callable[[Any], Any]               # cfg -> keras.Model
+    build_datasets: Callable[[Any, Any], Datasets]  # (cfg, Distributed) -> Datasets
+    loss: Callable[[Any], Any]                      # cfg -> a Keras loss
+    metrics: Callable[[Any], list]                  # cfg -> Keras metrics
+    prepare_data: Callable[[Any], Any] | None = None   # rank 0, before the datasets are built
+    check_data: Callable[[Any], tuple[int, list[str]]] | None = None  # cfg -> (files checked, problems)
+    # (cfg, samples) -> {"samples_per_second", "bytes_per_sample", ...}: the simplest one-core loop doing what
+    # the input pipeline does (common.tools.bench --input-only); None: no ceiling for this application yet
+    input_ceiling: Callable[[Any, int], dict] | None = None
+
+
+class _Part:
+    """An :class:`Application` attribute that is its :class:`Parts`' one of the same name (imported at first read)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, application, owner=None):
+        return self if application is None else getattr(application.loaded_parts, self.name)
 
 
 @dataclasses.dataclass(frozen=True)
 class Application:
-    """What an application gives the engine.  Each function is a callable or a ``"module:function"`` name."""
+    """What an application gives the engine (see the module docstring)."""
 
     name: str
     config_schema: type                                   # a common.config.AppConfig subclass
-    build_model: Callable[[Any], Any] | str               # cfg -> keras.Model
-    build_datasets: Callable[[Any, Any], Datasets] | str  # (cfg, Distributed) -> Datasets
-    loss: Callable[[Any], Any] | str                      # cfg -> a Keras loss
-    metrics: Callable[[Any], list] | str                  # cfg -> Keras metrics
+    parts: Callable[[], Parts]                            # imports the TensorFlow half, returns it
+    evaluation: Evaluator | None = None
     default_config: pathlib.Path | None = None
-    prepare_data: Callable[[Any], Any] | str | None = None   # rank 0, before the datasets are built
-    check_data: Callable[[Any], tuple[int, list[str]]] | str | None = None  # cfg -> (files checked, problems)
-    # (cfg, samples) -> {"samples_per_second", "bytes_per_sample", ...}: the simplest one-core loop doing what
-    # the input pipeline does (common.tools.bench --input-only); None: no ceiling for this application yet
-    input_ceiling: Callable[[Any, int], dict] | str | None = None
     mlperf: MlperfSpec | None = None
+    published_rate: PublishedRate | None = None
+
+    build_model = _Part()
+    build_datasets = _Part()
+    loss = _Part()
+    metrics = _Part()
+    prepare_data = _Part()
+    check_data = _Part()
+    input_ceiling = _Part()
+
+    @functools.cached_property
+    def loaded_parts(self) -> Parts:
+        """The TensorFlow half, imported at the first read (of this or of ``build_model``, ``loss``, ...)."""
+        return self.parts()
 
     @property
     def package(self) -> str:
-        """The top-level package the application lives in (``climate_seg`` for both climate tasks)."""
+        """The top-level package the application lives in (the one its registration is named after)."""
         return self.config_schema.__module__.split(".")[0]
 
-    def __post_init__(self):
-        for field in ("build_model", "build_datasets", "loss", "metrics", "prepare_data", "check_data",
-                      "input_ceiling"):
-            object.__setattr__(self, field, _ref(getattr(self, field)))
+
+@dataclasses.dataclass(frozen=True)
+class Tasks:
+    """Several applications of one package, chosen by a top-level key of the config: the one place a package
+    with several tasks decides which one a config (a training's, or a finished run's) is for."""
+
+    key: str                               # the config key naming the task, e.g. "task"
+    choices: dict[str, Application]        # its values -> the applications
+    default: str                           # the task of a config without the key
+
+    def choose(self, config: dict, source=None) -> Application:
+        """The application the config mapping ``config`` (read from ``source``) is for."""
+        task = config.get(self.key, self.default)
+        if task not in self.choices:
+            where = f"{source}: " if source else ""
+            raise ConfigError(f"{where}{self.key}: expected one of {', '.join(map(repr, self.choices))}, "
+                              f"got {task!r}")
+        return self.choices[task]
 
 
 @dataclasses.dataclass

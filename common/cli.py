@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import math
 import os
@@ -19,6 +18,7 @@ import pathlib
 import sys
 import traceback
 
+from common import registry
 from common.console import logs
 from common.config import instance_configs, load_config, read_yaml
 from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
@@ -127,35 +127,22 @@ def default_output_dir(app, cfg, config_path) -> pathlib.Path:
     return pathlib.Path("runs") / f"{app.name}-{stem}"
 
 
-def application_of(package: str, config_path=None):
-    """The Application of ``<package>.application``: its ``APPLICATION``, or the one ``application_for(config)``
-    picks where a package holds several (climate_seg: segmentation and detection)."""
-    module = importlib.import_module(f"{package}.application")
-    if hasattr(module, "application_for"):
-        return module.application_for(config_path)
-    return module.APPLICATION
-
-
-APPLICATION_PACKAGES = ("cosmoflow", "hep_cnn", "climate_seg")
-
-
 def find_application(config_path: str, app_name: str | None = None, app_option: bool = True):
-    """The application a config is for: ``app_name``, else the config's ``model.name``, else its folder
-    (``configs/<app>/...``).  ``app_option``: the calling tool has an ``--app`` option to suggest."""
+    """The application a config is for: the registered application ``app_name``, else the config's
+    ``model.name``, else its folder (``configs/<app>/...``), the first of them registered (:mod:`common.registry`),
+    with its task where the package has several.  ``app_option``: the calling tool has an ``--app`` option to
+    suggest."""
     candidates = [app_name] if app_name else []
     raw = read_yaml(config_path)
     if isinstance(raw.get("model"), dict) and raw["model"].get("name"):
         candidates.append(raw["model"]["name"])
     candidates.append(pathlib.Path(config_path).resolve().parent.name)
     for name in candidates:
-        try:
-            return application_of(name, config_path)
-        except ModuleNotFoundError as exc:
-            if exc.name not in (name, f"{name}.application"):
-                raise
+        if name in registry.names():
+            return registry.application(name, config_path)
     hint = "pass --app NAME, or " if app_option else ""
     raise ConfigError(f"{config_path}: cannot tell which application it configures; {hint}keep it in "
-                      f"configs/<app>/ (app: one of {', '.join(APPLICATION_PACKAGES)})")
+                      f"configs/<app>/ (app: one of {', '.join(registry.names())})")
 
 
 def run_train(package: str, argv=None) -> int:
@@ -165,8 +152,8 @@ def run_train(package: str, argv=None) -> int:
     stop_request = StopRequest()
     with exit_on_user_error():
         # The default application's parser reads --config; then the config picks the application.
-        config = train_parser(application_of(package)).parse_known_args(argv)[0].config
-        app = application_of(package, config)
+        config = train_parser(registry.application(package)).parse_known_args(argv)[0].config
+        app = registry.application(package, config)
     args = train_parser(app).parse_args(argv)
     with exit_on_user_error():
         cfg = load_config(app.config_schema, args.config, args.set)

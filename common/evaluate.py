@@ -1,11 +1,12 @@
 """The one evaluation driver: load a finished run, run its application's evaluation, write through the
 guarded atomic writer, print the report.
 
-An application's ``evaluate`` module holds the science as an :class:`Evaluator`: its metrics (computed by
-``evaluate(writer, cfg, model, split)``, which writes ``metrics.json``, predictions and its own figures
-through ``writer``), the lines that report them, and which ``history.csv`` columns the training curves
-show.  Everything else (the command line, loading ``config.yaml`` and ``model.keras``, checking every output
-name before any work, the run folder's lock, the training curves, ``wrote ...``) is here.
+An application's ``evaluate`` module holds the science as an :class:`~common.application.Evaluator`, part of
+the application's declaration (``evaluation``): its metrics (computed by ``evaluate(writer, cfg, model,
+split)``, which writes ``metrics.json``, predictions and its own figures through ``writer``), the lines that
+report them, and which ``history.csv`` columns the training curves show.  Everything else (the command line,
+finding the run's application in the registry, loading ``config.yaml`` and ``model.keras``, checking every
+output name before any work, the run folder's lock, the training curves, ``wrote ...``) is here.
 
     python -m <app>.evaluate --run-dir RUN [--split S] [--data-dir D] [--force]
 """
@@ -13,34 +14,14 @@ name before any work, the run folder's lock, the training curves, ``wrote ...``)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import pathlib
-from typing import Callable
 
-from common.storage import outputs
+from common import registry
+from common.application import Evaluator
 from common.cli import exit_on_user_error
-from common.config import load_config, read_yaml
+from common.config import load_config
 from common.errors import UserInputError
-
-
-@dataclasses.dataclass(frozen=True)
-class Evaluator:
-    """What one application's evaluation is (see the module docstring)."""
-
-    tool: str                                   # "cosmoflow.evaluate": the mark its files carry
-    schema: type                                # the application's config schema
-    evaluate: Callable[..., dict]               # (writer, cfg, model, split) -> metrics
-    report: Callable[[dict], list[str]]         # metrics -> the lines printed
-    outputs: tuple[str, ...]                    # every file it may write (checked before any work)
-    splits: tuple[str, ...]                     # the first is the default
-    curves: tuple[str, ...] | Callable[..., tuple] = ()   # history.csv metrics in training_curves.png (or cfg -> them)
-    description: str = ""
-
-    @property
-    def all_outputs(self) -> tuple[str, ...]:
-        """Every file the evaluation writes into the run directory, the training-curve figure included when it has
-        one."""
-        return self.outputs + (("training_curves.png",) if self.curves else ())
+from common.storage import outputs
 
 
 def load_run(run_dir, schema, data_dir: str | None = None):
@@ -119,17 +100,22 @@ def evaluate_run(evaluator: Evaluator, run_dir, split: str | None = None, data_d
     return metrics
 
 
-def run_config_key(run_dir, key: str, default=None):
-    """A top-level key of a run's ``config.yaml`` (``task``: which of an application's evaluators)."""
+def evaluator_of(package: str, run_dir) -> Evaluator:
+    """The evaluation of the application of ``package`` that trained ``run_dir``: the package's only one, or the
+    task the run's ``config.yaml`` chose (the default task's when it has none: loading the run then says so)."""
     config = pathlib.Path(run_dir) / "config.yaml"
-    return read_yaml(config).get(key, default) if config.is_file() else default
+    application = registry.application(package, config if config.is_file() else None)
+    if application.evaluation is None:
+        raise UserInputError(f"{run_dir}: {application.name} declares no evaluation")
+    return application.evaluation
 
 
-def main(choose: Evaluator | Callable[[str], Evaluator], argv=None, prog: str | None = None,
-         description: str = "") -> int:
-    """``python -m <app>.evaluate``: ``choose`` is the evaluator, or picks it from the run directory."""
-    known = choose if isinstance(choose, Evaluator) else None
-    parser = argparse.ArgumentParser(prog=prog or f"python -m {known.tool}",
+def run_evaluate(package: str, argv=None, description: str = "") -> int:
+    """``python -m <package>.evaluate``: the run directory's application evaluated, the report printed."""
+    with exit_on_user_error():
+        evaluations = [application.evaluation for application in registry.applications(package)]
+    known = evaluations[0] if len(evaluations) == 1 else None   # else the run's config chooses the task
+    parser = argparse.ArgumentParser(prog=f"python -m {package}.evaluate",
                                      description=description or (known.description if known else ""))
     parser.add_argument("--run-dir", required=True, help="a training run directory (holds model.keras, config.yaml)")
     parser.add_argument("--split", help="the split to evaluate (default: "
@@ -140,7 +126,7 @@ def main(choose: Evaluator | Callable[[str], Evaluator], argv=None, prog: str | 
                              + (f" ({', '.join(known.all_outputs)})" if known else ""))
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        evaluator = known or choose(args.run_dir)
+        evaluator = known or evaluator_of(package, args.run_dir)
         metrics = evaluate_run(evaluator, args.run_dir, args.split, args.data_dir, args.force)
     for line in evaluator.report(metrics):
         print(line)

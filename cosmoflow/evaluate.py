@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.application import Evaluator
 from common.cli import exit_process
-from common.evaluate import Evaluator, evaluate_run, main
+from common.evaluate import evaluate_run, run_evaluate
 from cosmoflow.config import CosmoflowConfig
 
 # Imported where used, not here: matplotlib, only where a figure is written.
@@ -126,6 +127,7 @@ def report(metrics: dict) -> list[str]:
     return lines
 
 
+# Part of CosmoFlow's declaration (cosmoflow/application.py).
 EVALUATOR = Evaluator(
     tool="cosmoflow.evaluate", schema=CosmoflowConfig, evaluate=_evaluate, report=report,
     outputs=("metrics.json", "predictions.npz", "pred_vs_true.png"), splits=("validation", "train"),
@@ -138,4 +140,4 @@ def evaluate(run_dir, split: str = "validation", data_dir: str | None = None, fo
 
 
 if __name__ == "__main__":
-    exit_process(main(EVALUATOR))
+    exit_process(run_evaluate("cosmoflow"))

@@ -1,23 +1,31 @@
-"""What the HEP CNN gives the engine: its :class:`~common.application.Application` (no TensorFlow imported here)."""
+"""What the HEP CNN gives the engine: its :class:`~common.application.Application`, registered in pyproject.toml
+(no TensorFlow imported here: :func:`parts` imports the TensorFlow half at its first use)."""
 
 from __future__ import annotations
 
 import pathlib
 
-from common.application import Application
+from common.application import Application, Parts
 from hep_cnn.config import HepConfig
+from hep_cnn.evaluate import EVALUATOR
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def parts() -> Parts:
+    """The model, the input pipeline, the loss and the data hooks."""
+    # deferred: TensorFlow; --help and the config checks answer without it
+    from hep_cnn import data, loss, model
+
+    return Parts(build_model=model.build_model, build_datasets=data.build_datasets, loss=loss.build_loss,
+                 metrics=loss.build_metrics, prepare_data=data.prepare_data, check_data=data.check_data,
+                 input_ceiling=data.input_ceiling)
+
 
 APPLICATION = Application(
     name="hep_cnn",
     config_schema=HepConfig,
-    build_model="hep_cnn.model:build_model",
-    build_datasets="hep_cnn.data:build_datasets",
-    loss="hep_cnn.loss:build_loss",
-    metrics="hep_cnn.loss:build_metrics",
+    parts=parts,
+    evaluation=EVALUATOR,
     default_config=REPO_ROOT / "configs" / "hep_cnn" / "demo.yaml",
-    prepare_data="hep_cnn.data:prepare_data",
-    check_data="hep_cnn.data:check_data",
-    input_ceiling="hep_cnn.data:input_ceiling",
 )

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.application import Evaluator
 from common.cli import exit_process
-from common.evaluate import Evaluator, evaluate_run, main
+from common.evaluate import evaluate_run, run_evaluate
 from hep_cnn.config import HepConfig
-from hep_cnn.metrics import physics_metrics, weighted_roc
 
-# Imported where used, not here: matplotlib (only where a figure is written) and hep_cnn.model (Keras), so that
-# --help answers without them.
+# Imported where used, not here: matplotlib (only where a figure is written), hep_cnn.model (Keras) and
+# hep_cnn.metrics (scikit-learn, about 2 s), so that --help, and the training's, which reads this module through
+# the application's declaration, answer without them.
 
 
 def plot_roc(fpr, tpr, metrics):
@@ -49,8 +50,9 @@ def plot_roc(fpr, tpr, metrics):
 
 def _evaluate(writer, cfg, model, split: str) -> dict:
     """Scores of every event of ``split``; accuracy, weighted AUC and the comparison with the cuts."""
-    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
+    # deferred: TensorFlow and scikit-learn, loaded only after the arguments are parsed (--help answers without them)
     from hep_cnn.data import evaluation_events
+    from hep_cnn.metrics import physics_metrics, weighted_roc
     from hep_cnn.model import signal_scores
 
     scores, labels, weights, pass_sr = [], [], [], []
@@ -78,6 +80,7 @@ def report(m: dict) -> list[str]:
             f"  CNN at the same FPR: TPR {m['tpr_at_cut_fpr']:.4f}" + (f" ({ratio:.2f} x the cuts)" if ratio else "")]
 
 
+# Part of the HEP CNN's declaration (hep_cnn/application.py).
 EVALUATOR = Evaluator(
     tool="hep_cnn.evaluate", schema=HepConfig, evaluate=_evaluate, report=report,
     outputs=("metrics.json", "predictions.npz", "roc.png"), splits=("test", "validation", "train"),
@@ -90,4 +93,4 @@ def evaluate(run_dir, split: str = "test", data_dir: str | None = None, force: b
 
 
 if __name__ == "__main__":
-    exit_process(main(EVALUATOR))
+    exit_process(run_evaluate("hep_cnn"))

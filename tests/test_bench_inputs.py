@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from common import registry
 from common.errors import DataError
 from common.tools import bench, scaling
 from tests.conftest import run_python
@@ -161,13 +162,14 @@ def test_bench_compare_reads_two_training_results_of_one_workload(tmp_path):
 def test_cores_per_accelerator_only_at_the_sample_shape_of_the_published_rate():
     """The published H100 rate (about 200 samples/s) is for 128^3 x 4 volumes: the projection is made for
     those and said not to apply to any other shape, or to an application without a published rate."""
-    projection, why_not = bench.cores_per_accelerator("cosmoflow", [128, 128, 128, 4], 8.0, 20.0)
+    cosmoflow = registry.application("cosmoflow")   # its declaration holds the published rate
+    projection, why_not = bench.cores_per_accelerator(cosmoflow, [128, 128, 128, 4], 8.0, 20.0)
     assert why_not is None
     assert projection["cores_from_files"] == 25.0 and projection["cores_from_staged_inflated"] == 10.0
-    projection, why_not = bench.cores_per_accelerator("cosmoflow", [32, 32, 32, 4], 8.0, None)
+    projection, why_not = bench.cores_per_accelerator(cosmoflow, [32, 32, 32, 4], 8.0, None)
     assert projection is None and why_not == ("the published H100 rate is for samples of 128x128x128x4, these are "
                                               "32x32x32x4")
-    assert bench.cores_per_accelerator("hep_cnn", [224, 224, 3], 8.0, None) == (
+    assert bench.cores_per_accelerator(registry.application("hep_cnn"), [224, 224, 3], 8.0, None) == (
         None, "no per-accelerator training rate is published for hep_cnn in this suite")
     text = bench.input_table({**input_only_result(), "cpu": {}, "data_dir": "d", "compression": "none",
                               "augment": False, "projection_not_shown": why_not,

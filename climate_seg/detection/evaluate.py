@@ -15,7 +15,7 @@ import pathlib
 import numpy as np
 
 from climate_seg.detection.config import DetectConfig
-from common.evaluate import Evaluator
+from common.application import Evaluator
 
 # Imported where used, not here: matplotlib (only where a figure is written) and climate_seg.detection.boxes
 # (TensorFlow), so that --help answers without them.
@@ -158,6 +158,7 @@ def report(m: dict) -> list[str]:
     return lines
 
 
+# Part of the detection application's declaration (climate_seg/detection/application.py).
 EVALUATOR = Evaluator(
     tool="climate_seg.evaluate", schema=DetectConfig, evaluate=_evaluate, report=report,
     outputs=("metrics.json", "boxes.png", "reconstruction.png"), splits=("test", "validation", "train"),

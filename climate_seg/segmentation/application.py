@@ -1,14 +1,26 @@
-"""What climate segmentation gives the engine: its :class:`~common.application.Application` (no TensorFlow
-imported here)."""
+"""What climate segmentation gives the engine: its :class:`~common.application.Application`, one of the two
+:data:`climate_seg.application.TASKS` (no TensorFlow imported here: :func:`parts` imports the TensorFlow half
+at its first use)."""
 
 from __future__ import annotations
 
 import pathlib
 
 from climate_seg.segmentation.config import ClimateConfig
-from common.application import Application, MlperfSpec
+from climate_seg.segmentation.evaluate import EVALUATOR
+from common.application import Application, MlperfSpec, Parts
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def parts() -> Parts:
+    """The network (Tiramisu or DeepLabv3+), the input pipeline, the loss and the data hooks."""
+    # deferred: TensorFlow; --help and the config checks answer without it
+    from climate_seg.segmentation import data, loss, model
+
+    return Parts(build_model=model.build_model, build_datasets=data.build_datasets, loss=loss.build_loss,
+                 metrics=loss.build_metrics, prepare_data=data.prepare_data, check_data=data.check_data,
+                 input_ceiling=data.input_ceiling)
 
 
 def _mlperf_hyperparameters(cfg: ClimateConfig, schedule) -> dict:
@@ -42,14 +54,9 @@ def _mlperf_hyperparameters(cfg: ClimateConfig, schedule) -> dict:
 APPLICATION = Application(
     name="climate_seg",
     config_schema=ClimateConfig,
-    build_model="climate_seg.segmentation.model:build_model",
-    build_datasets="climate_seg.segmentation.data:build_datasets",
-    loss="climate_seg.segmentation.loss:build_loss",
-    metrics="climate_seg.segmentation.loss:build_metrics",
+    parts=parts,
+    evaluation=EVALUATOR,
     default_config=REPO_ROOT / "configs" / "climate_seg" / "demo_tiramisu.yaml",
-    prepare_data="climate_seg.segmentation.data:prepare_data",
-    check_data="climate_seg.segmentation.data:check_data",
-    input_ceiling="climate_seg.segmentation.data:input_ceiling",
     mlperf=MlperfSpec(benchmark="deepcam", metric_key="eval_accuracy", logs_key="val_mean_iou", target=0.82,
                       higher_is_better=True, hyperparameters=_mlperf_hyperparameters),
 )

@@ -18,7 +18,7 @@ import numpy as np
 
 from climate_seg.cam5.config import CLASS_NAMES
 from climate_seg.segmentation.config import ClimateConfig
-from common.evaluate import Evaluator
+from common.application import Evaluator
 
 # Imported where used, not here: matplotlib (only where a figure is written) and common.nn.metrics (Keras), so
 # that --help answers without them.
@@ -96,6 +96,7 @@ def report(m: dict) -> list[str]:
             "  IoU " + ", ".join(f"{name} {value:.4f}" for name, value in m["iou"].items())]
 
 
+# Part of the segmentation application's declaration (climate_seg/segmentation/application.py).
 EVALUATOR = Evaluator(
     tool="climate_seg.evaluate", schema=ClimateConfig, evaluate=_evaluate, report=report,
     outputs=("metrics.json", "masks.png"), splits=("test", "validation", "train"), curves=("loss", "mean_iou"),

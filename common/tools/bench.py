@@ -47,6 +47,7 @@ import math
 import pathlib
 import time
 
+from common.application import Application
 from common.cli import exit_on_user_error, exit_process, find_application, positive_int_argument
 from common.config import load_config
 from common.console import cpu, logs
@@ -190,30 +191,22 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
     }
 
 
-# Published per-accelerator training rates the input path must feed (cores per accelerator = rate / per-core rate).
-# A rate holds for the sample shape it was measured at only: a pipeline's per-core rate at 16^3 says nothing of
-# how many cores feed 128^3 volumes (512x the voxels).
-PUBLISHED_ACCELERATOR_RATES = {
-    "cosmoflow": {"samples_per_second": 200.0, "accelerator": "H100", "sample_shape": [128, 128, 128, 4],
-                  "source": "MLPerf HPC v3.0 CosmoFlow closed-division records, about 200 samples/s per H100"},
-}
-
-
-def cores_per_accelerator(application_name: str, shape: list[int], per_core: float | None,
+def cores_per_accelerator(application: Application, shape: list[int], per_core: float | None,
                           staged_per_core: float | None) -> tuple[dict | None, str | None]:
-    """(cores of input pipeline one accelerator needs at its published rate, from the GZIP files and from the
-    staged inflated copies; None, why not) -- not projected when no rate is published for the application, or
-    when ``shape`` (the sample shape benched) is not the one the published rate was measured at."""
-    published = PUBLISHED_ACCELERATOR_RATES.get(application_name)
+    """(cores of input pipeline one accelerator needs at the application's published rate (its declaration's
+    ``published_rate``), from the GZIP files and from the staged inflated copies; None, why not) -- not
+    projected when no rate is published for the application, or when ``shape`` (the sample shape benched) is not
+    the one the published rate was measured at."""
+    published = application.published_rate
     if published is None:
-        return None, f"no per-accelerator training rate is published for {application_name} in this suite"
-    if list(shape) != published["sample_shape"]:
-        return None, (f"the published {published['accelerator']} rate is for samples of "
-                      f"{shape_text(published['sample_shape'])}, these are {shape_text(shape)}")
+        return None, f"no per-accelerator training rate is published for {application.name} in this suite"
+    if list(shape) != list(published.sample_shape):
+        return None, (f"the published {published.accelerator} rate is for samples of "
+                      f"{shape_text(published.sample_shape)}, these are {shape_text(shape)}")
     if not per_core:
         return None, "no input rate was measured"
-    rate = published["samples_per_second"]
-    return {**published, "cores_from_files": rate / per_core,
+    rate = published.samples_per_second
+    return {**published.as_dict(), "cores_from_files": rate / per_core,
             "cores_from_staged_inflated": rate / staged_per_core if staged_per_core else None}, None
 
 
@@ -316,7 +309,7 @@ def input_only(application, cfg, dist, steps: int, stage_decompressed: str | Non
         rate, _ = _steady_input_rate(staged, batch, steps, threads=1)
         result["staged"] = {"stage_dir": stage_decompressed, "samples_per_second_per_core": rate,
                             "ratio_to_gzip_per_core": rate / one_core}
-    projection, why_not = cores_per_accelerator(application.name, result["sample_shape"], one_core,
+    projection, why_not = cores_per_accelerator(application, result["sample_shape"], one_core,
                                                  result.get("staged", {}).get("samples_per_second_per_core"))
     if projection:
         result["projection"] = projection

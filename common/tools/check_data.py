@@ -22,13 +22,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m common.tools.check_data", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--app", help="application package (cosmoflow, hep_cnn, ...)")
+    parser.add_argument("--app", help="the application's package, one registered in pyproject.toml "
+                                       "(default: the config's model.name, else its folder)")
     args = parser.parse_args(argv)
     with exit_on_user_error():
         application = find_application(args.config, args.app)
-        if application.check_data is None:
+        cfg = load_config(application.config_schema, args.config, args.set)   # checked before TensorFlow loads
+        if application.check_data is None:   # the application's TensorFlow half, imported here
             raise ConfigError(f"{application.name} has no data checker")
-        cfg = load_config(application.config_schema, args.config, args.set)
         try:
             checked, problems = application.check_data(cfg)
         except UserInputError:
