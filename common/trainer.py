@@ -25,14 +25,15 @@ import numpy as np
 import tensorflow as tf
 
 from common.application import Application, Datasets
-from common.config import AppConfig, save_config
+from common.config import AppConfig
 from common.console import cpu
 from common.distributed import Distributed
 from common.errors import NonFiniteLoss, Preempted, UserInputError
 from common.hybrid import GroupExchange
 from common.loop.callbacks import (EpochEndSync, EpochReport, LearningRateLog, RootWrite, SaveCheckpoint, Throughput,
                                   confusion_metrics, rng_variables, state_variables)
-from common.loop import attempts, records
+from common.loop import attempts, epochs, records
+from common.loop.run_folder import Claim, RunFolder
 from common.loop.mlperf import MlperfCallback, MlperfLog
 from common.loop.reliability import StepGuard, StopRequest, Watchdog
 from common.nn import batch_norm, precision
@@ -74,7 +75,7 @@ def describe_model(app: Application, cfg: AppConfig, ranks: int) -> dict:
         "forward_gflops_per_sample": round(flops / 1e9, 2),
         "training_flops_per_sample": int(TRAINING_FLOPS_FACTOR * flops),
         "flop_convention": FLOP_CONVENTION,
-        "global_batch_size": cfg.data.batch_size * ranks,
+        "global_batch_size": epochs.global_batch_size(cfg.data.batch_size, ranks),
         "ranks": ranks,
         "precision": cfg.train.precision,
         "input_shape": list(network.input_shape[1:]),
@@ -154,7 +155,7 @@ def prepare_run(app: Application, cfg: AppConfig, dist: Distributed, datasets: D
         if output.dtype != "float32":
             raise TypeError(f"{app.name} model output {output.name} is {output.dtype}; build the last layer "
                             "with dtype='float32'")
-    global_batch_size = cfg.data.batch_size * dist.size
+    global_batch_size = datasets.global_batch_size
     opt = cfg.optimizer
     peak_lr = peak_learning_rate(opt.learning_rate, opt.schedule, global_batch_size)
     schedule = build_schedule(opt.schedule, opt.learning_rate, peak_lr, datasets.steps_per_epoch, cfg.train.epochs)
@@ -166,100 +167,6 @@ def prepare_run(app: Application, cfg: AppConfig, dist: Distributed, datasets: D
     optimizer.build(model.trainable_variables)
     return Run(datasets, network, model, optimizer, schedule, forward_flops_per_sample(network), global_batch_size,
                peak_lr)
-
-
-@dataclasses.dataclass
-class Claim:
-    """What :func:`_claim_run_dir` found: the newest checkpoint (a path on rank 0), whether it belongs to an
-    earlier run that ``--force`` replaces, and the names this run writes in the folder."""
-
-    latest: pathlib.Path | None
-    earlier_run: bool
-    names: list[str]
-    mlperf_path: pathlib.Path | None
-    kind: str = "run"   # outputs.RUN_KINDS: a lone run, or one instance of a job
-    created: list[pathlib.Path] = dataclasses.field(default_factory=list)   # by the claim: the lock file, the folder
-
-
-def run_file_names(app: Application, cfg: AppConfig, output_dir: pathlib.Path) -> tuple[list[str], pathlib.Path | None]:
-    """(the names a run writes in its folder, the MLPerf log's path or None)."""
-    names = ["config.yaml", "history.csv", "summary.json", "model.keras", "checkpoints/", attempts.ATTEMPTS_JSON]
-    if cfg.train.tensorboard:
-        names.append("tensorboard/")
-    mlperf_path = None
-    if cfg.mlperf.enabled and app.mlperf is not None:
-        mlperf_path = output_dir / cfg.mlperf.log_file
-        if mlperf_path.parent.resolve() == output_dir.resolve():
-            names.append(mlperf_path.name)
-    return names, mlperf_path
-
-
-def _claim_run_dir(app: Application, cfg: AppConfig, dist: Distributed, output_dir: pathlib.Path, resume: bool,
-                   force: bool, lock_holder: list) -> Claim:
-    """Rank 0 checks the run directory and takes its lock before any other work; every rank gets the
-    verdict (a refusal is the same one-line error on every rank).  Nothing of the run is written yet:
-    only the folder and its lock file are created."""
-    verdict: Claim | str
-    if dist.is_root:
-        try:
-            kind = "instance" if dist.instances > 1 else "run"
-            verdict = _claim_on_root(app, cfg, output_dir, resume, force, lock_holder, kind)
-        except UserInputError as exc:
-            verdict = str(exc)
-    else:
-        verdict = ""
-    verdict = dist.broadcast_object(verdict)
-    if isinstance(verdict, str):
-        raise UserInputError(verdict)
-    return verdict
-
-
-def _claim_on_root(app, cfg, output_dir, resume, force, lock_holder, kind: str = "run") -> Claim:
-    outputs.check_writable_folder(output_dir, "--output-dir")
-    outputs.check_run_dir(output_dir, resume, force)
-    outputs.check_run_kind(output_dir, kind, resume)
-    created = []
-    missing = [folder for folder in (output_dir, *output_dir.parents) if not folder.exists()]
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserInputError(f"{output_dir}: --output-dir cannot be created ({exc.strerror})") from None
-    if not (output_dir / outputs.RUN_LOCK).exists():
-        created.append(output_dir / outputs.RUN_LOCK)
-    created += missing   # innermost first
-    lock = outputs.RunDirLock(output_dir, f"{app.name}.train").acquire()
-    lock.created = created
-    lock_holder.append(lock)   # held until the run ends
-    if lock.warning:
-        log.warning(lock.warning)
-    checkpoint_dir = output_dir / "checkpoints"
-    for stale in checkpoint.remove_stale_temporaries(checkpoint_dir):
-        log.warning(f"removed {stale.name}, left by a checkpoint write that was killed")
-    latest = checkpoint.latest_checkpoint(checkpoint_dir)
-    earlier_run = latest is not None and not resume
-    if earlier_run and not force:
-        raise UserInputError(f"{output_dir}: holds checkpoints of an earlier run ({latest.name}); "
-                             "pass --resume to continue it, --force to start afresh, or choose another --output-dir")
-    if latest is not None and not outputs.written_by_suite(checkpoint_dir):
-        raise UserInputError(f"{checkpoint_dir}: holds checkpoints this suite did not mark as its own "
-                             f"({latest.name}); not {'resumed' if resume else 'removed'}: choose another --output-dir")
-    names, mlperf_path = run_file_names(app, cfg, output_dir)
-    outputs.check_run_files(output_dir, names, force)
-    if mlperf_path is not None and mlperf_path.name not in names:
-        _check_external_log(output_dir, mlperf_path, resume)
-    return Claim(latest, earlier_run, names, mlperf_path, kind)
-
-
-def _check_external_log(output_dir: pathlib.Path, path: pathlib.Path, resume: bool) -> None:
-    """An MLPerf log outside the run directory must be a new file, or (``--resume``) the one this run
-    directory's earlier attempt created (its marker lists it)."""
-    record = outputs.read_run_marker(output_dir) or {}
-    ours = str(path.resolve()) in record.get("external", [])
-    if path.exists() and not (resume and ours):
-        raise UserInputError(f"{path}: mlperf.log_file exists and was not started by this run directory's training; "
-                             "the log is appended to, so name a new file (or a relative name, inside the run "
-                             "directory)")
-    outputs.check_writable_folder(path.parent, "the folder of mlperf.log_file")
 
 
 def _resume_record(cfg: AppConfig, run: Run) -> dict:
@@ -279,7 +186,7 @@ def _keep_global_batch(cfg: AppConfig, dist: Distributed, claim: Claim) -> None:
         newest = (checkpoint.read_state(path) for path in reversed(checkpoint.list_checkpoints(claim.latest.parent)))
         state = next((found for found in newest if found is not None), None)   # the newest readable record only
         saved, ranks_then = (state or {}).get("global_batch_size"), (state or {}).get("ranks")
-        if saved and ranks_then and ranks_then != dist.size and saved != cfg.data.batch_size * dist.size:
+        if saved and ranks_then and ranks_then != dist.size and saved != epochs.global_batch_size(cfg.data.batch_size, dist.size):
             if saved % dist.size:
                 verdict = (f"{claim.latest.parent}: the checkpoint was written by {ranks_then} rank(s) with global "
                            f"batch {saved}, which {dist.size} rank(s) cannot share evenly; not resumed: run on a "
@@ -342,24 +249,6 @@ def _load_resume_state(run: Run, cfg: AppConfig, dist: Distributed, claim: Claim
     return verdict
 
 
-def _start_run_dir(app: Application, cfg: AppConfig, output_dir: pathlib.Path, claim: Claim, force: bool,
-                   resumed: Resumed) -> None:
-    """Rank 0, once every check has passed: the marker (listing what this run writes), an earlier run's
-    checkpoints removed (``--force``), the resolved config, and the records brought into line with the
-    checkpoint the run starts from (:func:`common.loop.records.reconcile`)."""
-    outputs.mark_run_dir(output_dir, app.name, claim.names, kind=claim.kind)
-    if claim.mlperf_path is not None and claim.mlperf_path.name not in claim.names:
-        outputs.record_external(output_dir, claim.mlperf_path)
-    if claim.earlier_run:   # --force over a run of this suite: its checkpoints and MLPerf log would mix with this run's
-        for old in checkpoint.list_checkpoints(output_dir / "checkpoints"):
-            old.unlink()
-        if claim.mlperf_path is not None and claim.mlperf_path.name in claim.names:   # in the run folder: ours
-            claim.mlperf_path.unlink(missing_ok=True)
-    save_config(cfg, output_dir / "config.yaml", force=force)
-    records.reconcile(output_dir, resumed.history, resumed.position[0], resumed.optimizer_step,
-                      resumed.checkpoint or "no checkpoint", cfg.train.tensorboard)
-
-
 def _check_final_weights(network: keras.Model, dist: Distributed) -> None:
     """Every rank: the trained network's weights are finite (summed over ranks), or :class:`NonFiniteLoss`
     before ``model.keras`` is written."""
@@ -370,10 +259,27 @@ def _check_final_weights(network: keras.Model, dist: Distributed) -> None:
                             f"{first}); model.keras not written")
 
 
+@dataclasses.dataclass
+class Session:
+    """How one training runs, beside its config: from the entry point (``measure_peak``, the stop request
+    installed before TensorFlow loaded, a job's ``gate``) and from :func:`train` (the watchdog, the attempt's
+    record, the start time)."""
+
+    measure_peak: bool
+    stop_request: StopRequest
+    watchdog: Watchdog | None
+    attempt: attempts.Attempt
+    gate: Any = None
+    started: float = 0.0
+
+
 def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str | pathlib.Path,
           resume: bool = False, measure_peak: bool = False, force: bool = False,
           stop_request: StopRequest | None = None, gate=None) -> dict:
     """Train ``app`` as configured; write the run directory; return the summary.
+
+    ``cfg`` is not changed: the run resolves its own copy (the precision ``auto`` chose, a resume's per-rank
+    batch on another number of ranks), and ``config.yaml`` records that copy.
 
     ``gate(refusal, final)``: a job of several instances (:func:`common.instances.run_instances`) is told, on
     every rank, that this instance's claim and then its checks passed (None) or why they did not, before
@@ -382,64 +288,64 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     ``force``: start afresh in a run directory of an earlier run (its checkpoints are removed) or write
     into one that holds files the suite did not write (the run's own file names replace theirs).
 
-    Order: the run directory's checks and lock, the data's screening, the model, the checkpoint's
-    compatibility; only then is anything of the run written (marker, config, logs).  A
-    :class:`NonFiniteLoss` leaving here carries ``kept``: the newest checkpoint left (rank 0; None
-    when there is none)."""
+    Order (:func:`_train`): the run folder's checks and lock, the data's screening, the model, the
+    checkpoint's compatibility; only then is anything of the run written (marker, config, logs).  A
+    :class:`NonFiniteLoss` leaving here carries ``kept``: the newest checkpoint left (rank 0; None when there
+    is none)."""
     started = time.time()
-    output_dir = pathlib.Path(output_dir)
-    stop_request = stop_request or StopRequest()   # the entry point's, installed before TensorFlow loaded
+    cfg = cfg.model_copy(deep=True)
+    folder = RunFolder(app, cfg, output_dir, resume, force)
     watchdog = Watchdog.for_run(cfg.train, dist.rank)
-    lock_holder: list = []
-    started_dir: list = []
-    attempt = attempts.Attempt(output_dir, f"{app.name}.train", force)   # recorded once the run directory is started
+    # stop_request: the entry point's, installed before TensorFlow loaded
+    session = Session(measure_peak, stop_request or StopRequest(), watchdog,
+                      attempts.Attempt(folder.path, f"{app.name}.train", force), gate, started)
+    failed = True
     try:
-        summary = _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request, watchdog, started,
-                         lock_holder, started_dir, attempt, gate)
-        attempt.end_with(None)
+        summary = _train(app, cfg, dist, folder, session)
+        failed = False
+        session.attempt.end_with(None)
         return summary
     except NonFiniteLoss as exc:
-        exc.kept = checkpoint.latest_checkpoint(output_dir / "checkpoints") if dist.is_root else None
-        attempt.end_with(exc)
+        exc.kept = checkpoint.latest_checkpoint(folder.checkpoints) if dist.is_root else None
+        session.attempt.end_with(exc)
         raise
     except BaseException as exc:
-        attempt.end_with(exc)
-        if not started_dir:   # refused before anything of the run was written: leave no trace of the claim
-            for lock in lock_holder:
-                _undo_claim(lock)
+        session.attempt.end_with(exc)
         raise
     finally:
-        stop_request.close()
+        session.stop_request.close()
         if watchdog is not None:
             watchdog.stop()
-        for lock in lock_holder:
-            lock.release()
+        folder.close(failed)   # a run refused before it started leaves no trace of its claim
 
 
-def _undo_claim(lock) -> None:
-    """Remove what the claim created (its lock file, the folders it made, innermost first, if empty),
-    while the lock is still held (so no other run can take the old lock file meanwhile)."""
-    if not any(path.name == outputs.RUN_LOCK for path in getattr(lock, "created", [])):
-        lock.restore()
-    for path in getattr(lock, "created", []):
-        try:
-            if path.name == outputs.RUN_LOCK:
-                path.unlink(missing_ok=True)
-            else:
-                path.rmdir()   # only when empty
-        except OSError:
-            break
+def _train(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, session: Session) -> dict:
+    """The run, top to bottom: set-up (every check, nothing written), start (the folder written), the epochs,
+    the finish (model.keras and summary.json)."""
+    run, claim, resumed = _set_up(app, cfg, dist, folder, session.gate)
+    mlperf_log = _start(app, cfg, dist, folder, session, run, claim, resumed)
+    peak_flops_total = None
+    if session.measure_peak:
+        peak_flops_total = measure_peak_flops(cfg, dist)
+    elif cfg.train.peak_tflops:
+        peak_flops_total = cfg.train.peak_tflops * 1e12 * dist.size
+    if mlperf_log.enabled:
+        _log_mlperf_hyperparameters(mlperf_log, app, cfg, run.datasets, run.global_batch_size, run.peak_learning_rate,
+                                    run.schedule)
+    history, throughput, mlperf_callback = _fit_epochs(app, cfg, dist, folder, session, run, resumed, mlperf_log,
+                                                       peak_flops_total)
+    return _finish(app, cfg, dist, folder, session, run, resumed, history, throughput, mlperf_callback,
+                   peak_flops_total)
 
 
-def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request, watchdog, started,
-           lock_holder, started_dir, attempt, gate=None) -> dict:
-    checkpoint_dir = output_dir / "checkpoints"
-    # With a job's gate, each instance's checks are gathered over the job twice: after the claims (before
-    # prepare_data, whose data preparation is a collective of the job), then before anything is written.
+def _set_up(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, gate) -> tuple[Run, Claim, Resumed]:
+    """Every check before anything of the run is written: the folder's claim, the data, the network, the
+    checkpoint.  With a job's ``gate``, each instance's checks are gathered over the job twice: after the claims
+    (before :func:`prepare_data`, whose data preparation is a collective of the job), then before the start."""
     refusal = None
     try:
-        claim = _claim_run_dir(app, cfg, dist, output_dir, resume, force, lock_holder)
-        if resume:
+        claim = folder.claim(dist)
+        if folder.resume:
             _keep_global_batch(cfg, dist, claim)
     except UserInputError as exc:
         if gate is None:
@@ -451,50 +357,52 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
         configure_determinism(cfg, dist)
         datasets = prepare_data(app, cfg, dist)
         run = prepare_run(app, cfg, dist, datasets)
-        resumed = _load_resume_state(run, cfg, dist, claim, resume)
+        resumed = _load_resume_state(run, cfg, dist, claim, folder.resume)
     except UserInputError as exc:
         if gate is None:
             raise
         refusal = str(exc)
     if gate is not None:
         gate(refusal, final=True)
-    network, model = run.network, run.model
-    forward_flops, global_batch_size, peak_lr, schedule = (run.forward_flops, run.global_batch_size,
-                                                           run.peak_learning_rate, run.schedule)
+    return run, claim, resumed
+
+
+def _start(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, session: Session, run: Run,
+           claim: Claim, resumed: Resumed) -> MlperfLog:
+    """Every check has passed: the attempt recorded, the run folder started, the MLPerf log opened (brought
+    into line with the checkpoint), the initial state broadcast and each rank's RNG state given back."""
     position = resumed.position
     if dist.is_root and resumed.checkpoint is not None and position[0] >= cfg.train.epochs:
         log.warning(f"{resumed.checkpoint} has completed {position[0]} epoch(s) and train.epochs is "
                     f"{cfg.train.epochs}: nothing is left to train; model.keras gets the checkpoint's weights "
                     "(raise train.epochs to train on)")
-    # Written only once the run directory, the config, the data, the model and the checkpoint have passed
-    # their checks: bad input overwrites nothing.
-    started_dir.append(True)
+    folder.started = True   # from here on, a failure leaves what the run wrote (the claim is not undone)
     if dist.is_root:
-        attempt.begin(resume, dist.size, resumed.checkpoint)   # first: a crash from here on leaves its trace
-        if watchdog is not None:
-            watchdog.at_expiry(lambda message: attempt.end("hung", message))
-        _start_run_dir(app, cfg, output_dir, claim, force, resumed)
+        # first: a crash from here on leaves its trace
+        session.attempt.begin(folder.resume, dist.size, resumed.checkpoint)
+        if session.watchdog is not None:
+            session.watchdog.at_expiry(lambda message: session.attempt.end("hung", message))
+    folder.start(cfg, resumed.history, position, resumed.optimizer_step, resumed.checkpoint, dist)
     mlperf_log = MlperfLog(claim.mlperf_path, enabled=claim.mlperf_path is not None and dist.is_root)
     if mlperf_log.enabled and resumed.checkpoint is not None:
-        mlperf_log.reconcile(resumed.history, resumed.checkpoint, *resumed.position, app.mlperf.metric_key,
+        mlperf_log.reconcile(resumed.history, resumed.checkpoint, *position, app.mlperf.metric_key,
                              app.mlperf.logs_key)
     if mlperf_log.enabled:
-        mlperf_log.start("init_start", time_ms=int(started * 1000))
+        mlperf_log.start("init_start", time_ms=int(session.started * 1000))
         mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
     dist.broadcast_variables(state_variables(run.model) + run.optimizer.variables)
     _restore_rng(run.model, resumed.rng_states, dist)
+    return mlperf_log
 
-    peak_flops_total = None
-    if measure_peak:
-        peak_flops_total = measure_peak_flops(cfg, dist)
-    elif cfg.train.peak_tflops:
-        peak_flops_total = cfg.train.peak_tflops * 1e12 * dist.size
 
-    if mlperf_log.enabled:
-        _log_mlperf_hyperparameters(mlperf_log, app, cfg, datasets, global_batch_size, peak_lr, schedule)
-
-    throughput = Throughput(global_batch_size, forward_flops, peak_flops_total, cfg.train.throughput_warmup_steps)
-    saver = SaveCheckpoint(checkpoint_dir, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog,
+def _fit_epochs(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, session: Session, run: Run,
+                resumed: Resumed, mlperf_log: MlperfLog, peak_flops_total) -> tuple[dict, Throughput, Any]:
+    """The epochs from the resumed position to ``train.epochs``: (Keras' history, the throughput callback,
+    the MLPerf callback or None)."""
+    datasets, network, model, watchdog = run.datasets, run.network, run.model, session.watchdog
+    throughput = Throughput(run.global_batch_size, run.forward_flops, peak_flops_total,
+                            cfg.train.throughput_warmup_steps)
+    saver = SaveCheckpoint(folder.checkpoints, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog,
                            resume_record=_resume_record(cfg, run), history=resumed.history)
     # Keras calls callbacks in list order: what measures, then the one synchronisation over ranks, then
     # what writes: first the checkpoint, which commits the epoch (every rank takes part), then the records,
@@ -505,9 +413,9 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
     callbacks += [EpochEndSync(dist), saver]
     mlperf_callback = None
     if dist.is_root:
-        callbacks.append(records.HistoryCsv(output_dir / records.HISTORY_CSV, saver))
+        callbacks.append(records.HistoryCsv(folder.path / records.HISTORY_CSV, saver))
         if cfg.train.tensorboard:
-            callbacks.append(keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), write_graph=False,
+            callbacks.append(keras.callbacks.TensorBoard(str(folder.path / "tensorboard"), write_graph=False,
                                                          profile_batch=0))
         if mlperf_log.enabled:
             mlperf_callback = MlperfCallback(mlperf_log, app.mlperf.metric_key, app.mlperf.logs_key,
@@ -517,18 +425,17 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
         callbacks.append(EpochReport(cfg.train.epochs))
     check_callback_order(callbacks)
     over = f" over {dist.controller}" if dist.controller else ""
-    log.info(f"{app.name}: {dist.size} rank(s) [{dist.backend}]{over}, global batch {global_batch_size}, "
+    log.info(f"{app.name}: {dist.size} rank(s) [{dist.backend}]{over}, global batch {run.global_batch_size}, "
              f"{datasets.steps_per_epoch} steps/epoch, {datasets.train_samples} training and "
              f"{datasets.validation_samples} validation samples/epoch, {network.count_params():,} parameters, "
-             f"{forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
-             f"peak LR {peak_lr:.4g}")
+             f"{run.forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
+             f"peak LR {run.peak_learning_rate:.4g}")
     log.info(f"cpu: {cpu.one_line()}")
 
     history: dict[str, list] = {}
-    first_epoch = position[0]
     try:
-        for start_epoch, end_epoch, skip_steps in _fit_phases(position, cfg.train.epochs):
-            guard = StepGuard(model.step_signals, stop_request, saver.save, watchdog,
+        for start_epoch, end_epoch, skip_steps in epochs.fit_phases(resumed.position, cfg.train.epochs):
+            guard = StepGuard(model.step_signals, session.stop_request, saver.save, watchdog,
                               loss_scaled=precision.needs_loss_scaling(cfg.train.precision),
                               max_nonfinite_steps=cfg.train.max_nonfinite_steps, first_step_offset=skip_steps)
             fit_history = model.fit(
@@ -552,34 +459,39 @@ def _train(app, cfg, dist, output_dir, resume, measure_peak, force, stop_request
     _finish_mlperf(mlperf_callback)
     if datasets.skipped_files and dist.is_root:   # the same list on every rank
         log.warning(f"skipped {len(datasets.skipped_files)} bad file(s) (data.on_bad_file: skip); see above")
+    return history, throughput, mlperf_callback
 
+
+def _finish(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, session: Session, run: Run,
+            resumed: Resumed, history: dict, throughput: Throughput, mlperf_callback, peak_flops_total) -> dict:
+    """Precise batch norm (when asked), the final weights checked finite, then rank 0 writes ``model.keras``
+    and ``summary.json`` (which the other ranks watch for: :class:`RootWrite`'s limits)."""
+    watchdog, network = session.watchdog, run.network
     precise_bn = None
     if cfg.train.precise_bn_batches and history.get("loss"):
         if watchdog is not None:
             watchdog.phase("saving", "precise batch norm")
-        precise_bn = _precise_batch_norm(model, datasets, cfg, dist, history)
+        precise_bn = _precise_batch_norm(run.model, run.datasets, cfg, dist, history)
     if watchdog is not None:
         watchdog.phase("training", "the final weights and summary")
-    # Rank 0 writes model.keras, then summary.json, which the other ranks watch for (RootWrite's limits).
-    with RootWrite(dist, watchdog, output_dir / "summary.json") as final_write:
+    with RootWrite(dist, watchdog, folder.path / "summary.json") as final_write:
         _check_final_weights(network, dist)
-        summary = _summary(app, cfg, dist, run, history, peak_flops_total, time.time() - started, first_epoch,
-                           mlperf_callback)
-        summary["started_unix"] = started
+        summary = _summary(app, cfg, dist, run, history, peak_flops_total, time.time() - session.started,
+                           resumed.position[0], mlperf_callback)
+        summary["started_unix"] = session.started
         summary["step_time_s"] = step_time_summary(throughput.step_times)
         if precise_bn is not None:
             summary["precise_bn"] = precise_bn
-        if attempt.number is not None:   # rank 0
-            summary["attempt"] = attempt.number
-            summary["previous_attempts"] = attempt.previous
+        if session.attempt.number is not None:   # rank 0
+            summary["attempt"] = session.attempt.number
+            summary["previous_attempts"] = session.attempt.previous
 
         def write_model_and_summary():
-            _atomic_save_model(network, output_dir / "model.keras", force=force)
-            outputs.write_json(output_dir / "summary.json", summary, f"{app.name}.train", force=force)
+            _atomic_save_model(network, folder.path / "model.keras", force=folder.force)
+            outputs.write_json(folder.path / "summary.json", summary, f"{app.name}.train", force=folder.force)
 
         final_write.run(write_model_and_summary, "writing model.keras and summary.json")
     return summary
-
 
 def _precise_batch_norm(model: TrainingModel, datasets: Datasets, cfg: AppConfig, dist: Distributed,
                         history: dict) -> dict | None:
@@ -603,7 +515,7 @@ def _precise_batch_norm(model: TrainingModel, datasets: Datasets, cfg: AppConfig
     shown = ", ".join(f"{k} {before[k]:.4g} -> {after[k]:.4g}" for k in sorted(after) if k in before)
     log.info(f"precise batch norm: statistics over {used} training batches/rank with the final weights "
              f"({time.time() - started:.0f} s): {shown}")
-    return {"batches_per_rank": used, "samples": used * cfg.data.batch_size * dist.size,
+    return {"batches_per_rank": used, "samples": used * datasets.global_batch_size,
             "validation_moving_averages": before, "validation_precise": after}
 
 
@@ -624,21 +536,6 @@ def check_callback_order(callbacks: list) -> None:
     if records.HistoryCsv in kinds and (SaveCheckpoint not in kinds
                                         or kinds.index(records.HistoryCsv) < kinds.index(SaveCheckpoint)):
         raise RuntimeError("callback order: HistoryCsv writes what SaveCheckpoint committed: it comes after it")
-
-
-def _fit_phases(position: tuple[int, int], epochs: int):
-    """(start epoch, end epoch, steps to skip) for each ``fit`` call.
-
-    Resuming mid-epoch takes two: the rest of the interrupted epoch (fewer
-    steps), then whole epochs; Keras runs the same number of steps in every
-    epoch of one ``fit``.
-    """
-    epoch, step = position
-    if step and epoch < epochs:
-        yield epoch, epoch + 1, step
-        epoch += 1
-    if epoch < epochs:
-        yield epoch, epochs, 0
 
 
 def _verbosity(dist: Distributed) -> int:
