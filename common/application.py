@@ -29,6 +29,7 @@ import pathlib
 from typing import Any, Callable
 
 from common.errors import ConfigError
+from common.loop import epochs
 
 log = logging.getLogger(__name__)
 
@@ -213,12 +214,6 @@ class Datasets:
         return self.find_bad_file()
 
     def train_stream(self, first_epoch: int, end_epoch: int, skip_steps: int = 0):
-        """Epochs ``first_epoch .. end_epoch - 1`` back to back, ``steps_per_epoch``
-        batches each, the first ``skip_steps`` batches left out (mid-epoch resume)."""
-        epochs = [self.train_epoch(e).take(self.steps_per_epoch) for e in range(first_epoch, end_epoch)]
-        stream = epochs[0]
-        for epoch in epochs[1:]:
-            stream = stream.concatenate(epoch)
-        if skip_steps:
-            stream = stream.skip(skip_steps)
-        return stream.prefetch(-1)  # tf.data.AUTOTUNE
+        """Epochs ``first_epoch .. end_epoch - 1`` back to back, ``steps_per_epoch`` batches each, the first
+        ``skip_steps`` batches left out (mid-epoch resume): :func:`common.loop.epochs.epoch_stream`."""
+        return epochs.epoch_stream(self.train_epoch, self.steps_per_epoch, first_epoch, end_epoch, skip_steps)

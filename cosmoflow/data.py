@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.application import Datasets
+from common.loop import epochs
 from common.distributed import Distributed
 from common.errors import DataError
 from common.nn.precision import compute_dtype
@@ -352,15 +353,12 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     raw_table = staged_copy.sample_table(cfg, train_files, dist, layout) if raw else None
 
     def train_epoch(epoch):
-        # A rank whose share is short of steps x batch (uneven files) reuses a few samples.  The epoch's samples
-        # are cut before data.shuffle_buffer, which would otherwise fill from the repeat too (reading samples
-        # past the epoch, then discarding them, and mixing them into it).
         seed_e = epoch_seed(seed, epoch)
         records = (staged_copy.read_samples(cfg, raw_table, dist, seed_e, layout) if raw else _records(
             cfg, train_files, train_index, dist, seed_e, True, layout,
-            compression="GZIP" if train_compression == "gzip" else "")).repeat(2)
-        records = records.take(steps * data.batch_size)
-        return _pipeline(cfg, records, training=True, seed=seed_e, layout=layout)
+            compression="GZIP" if train_compression == "gzip" else ""))
+        return _pipeline(cfg, epochs.epoch_samples(records, steps, data.batch_size), training=True, seed=seed_e,
+                         layout=layout)
 
     valid_records = _records(cfg, valid_files, valid_index, dist, seed, False, layout).repeat(2)
     validation = _pipeline(cfg, valid_records, training=False, seed=seed, layout=layout)
@@ -371,7 +369,7 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
             return (None if raw else first_bad_file(train_files, train_compression)) or \
                 first_bad_file(valid_files, data.compression)
     return Datasets(train_epoch=train_epoch, validation_batches=validation, steps_per_epoch=steps,
-                    validation_steps=valid_steps, global_batch_size=data.batch_size * dist.size,
+                    validation_steps=valid_steps, global_batch_size=epochs.global_batch_size(data.batch_size, dist.size),
                     skipped_files=train_bad + valid_bad, find_bad_file=find_bad_file)
 
 

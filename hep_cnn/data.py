@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.application import Datasets
+from common.loop import epochs
 from common.storage.data import check_quietly, epoch_seed, list_files, reading, screen_files, select_count, steps_for
 from common.storage.derived import derived_dir, derived_file, writable_derived
 from common.storage.outputs import check_replaceable, write_json
@@ -367,17 +368,14 @@ def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
     steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (train)")
     valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (validation)")
     def train_epoch(epoch):
-        # A rank whose share is short of steps x batch (uneven chunks) reuses a few events.  The epoch's events
-        # are cut before the shuffle: a shuffle buffer as large as the epoch would otherwise fill from the
-        # repeat too, reading events past the epoch (discarded at its end) and mixing them into it.
         seed_e = epoch_seed(seed, epoch)
-        events = _events(cfg, train_chunks, maxima, dist, seed_e, True).repeat(2).take(steps * data.batch_size)
+        events = epochs.epoch_samples(_events(cfg, train_chunks, maxima, dist, seed_e, True), steps, data.batch_size)
         return _batches(cfg, events, True, seed_e)
 
     validation = _batches(cfg, _events(cfg, valid_chunks, maxima, dist, seed, False).repeat(2), False, seed)
     return Datasets(train_epoch=train_epoch, validation_batches=validation,
                     steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
-                    global_batch_size=data.batch_size * dist.size)
+                    global_batch_size=epochs.global_batch_size(data.batch_size, dist.size))
 
 
 def evaluation_events(cfg: HepConfig, split: str = "test"):

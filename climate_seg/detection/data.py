@@ -35,6 +35,7 @@ from climate_seg.cam5.stats import load_stats
 from climate_seg.cam5.data import SPLITS, normalizer, prepare, screened_split, stats_path
 from climate_seg.cam5.synth import generate_detection_dataset
 from common.application import Datasets
+from common.loop import epochs
 from common.storage.data import check_split_files, epoch_seed, reading, steps_for
 from common.distributed import Distributed
 from common.errors import DataError
@@ -284,7 +285,7 @@ def build_datasets(cfg: DetectConfig, dist: Distributed) -> Datasets:
     validation = _dataset(cfg, valid, stats, dist, seed, False).repeat().batch(data.batch_size, drop_remainder=True)
     return Datasets(train_epoch=train_epoch, validation_batches=validation, cache_validation=True,
                     steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
-                    global_batch_size=data.batch_size * dist.size)
+                    global_batch_size=epochs.global_batch_size(data.batch_size, dist.size))
 
 
 def evaluation_samples(cfg: DetectConfig, split: str = "test"):

@@ -38,6 +38,7 @@ from climate_seg.cam5.data import SPLITS, normalizer, prepare, screened_split, s
 from climate_seg.cam5.stats import class_counts_path, load_stats, read_sample, sample_layout, write_class_counts
 from climate_seg.cam5.synth import generate_dataset
 from common.application import Datasets
+from common.loop import epochs
 from common.storage.data import (check_split_files, epoch_seed, read_at, select_count, shards_files, stage_files,
                                  steps_for)
 from common.storage.derived import writable_derived
@@ -297,15 +298,14 @@ def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
 
     def train_epoch(epoch):
         seed_e = epoch_seed(seed, epoch)
-        # repeat(): a rank with one file fewer than another (uneven split) reuses one; the epoch's samples are
-        # cut before the shuffle, so no sample past the epoch is read (and then discarded) or mixed into it.
-        samples = _samples(cfg, train_files, stats, dist, seed_e, True, staged).repeat().take(steps * data.batch_size)
+        samples = epochs.epoch_samples(_samples(cfg, train_files, stats, dist, seed_e, True, staged), steps,
+                                       data.batch_size)
         return _batches(cfg, samples, True, seed_e)
 
     validation = _batches(cfg, _samples(cfg, valid_files, stats, dist, seed, False).repeat(), False, seed)
     return Datasets(train_epoch=train_epoch, validation_batches=validation, cache_validation=True,
                     steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
-                    global_batch_size=data.batch_size * dist.size)
+                    global_batch_size=epochs.global_batch_size(data.batch_size, dist.size))
 
 
 def evaluation_dataset(cfg: ClimateConfig, split: str = "test") -> tuple[tf.data.Dataset, list[str]]:
