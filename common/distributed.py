@@ -18,7 +18,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -159,16 +158,11 @@ class Distributed:
         """The first ``participants`` ranks as a job of their own (every collective among them only), or None on
         the ranks outside it; with ``reduce_gradients=False`` a step reduces everything but its gradients (a
         microbenchmark: :mod:`common.tools.sysbench` times the step of a rank in a job without the gradient
-        allreduce).  One process is its own job of one."""
+        allreduce; :func:`common.tools.sysbench.time_allreduce` times allreduces in one).  One process is its own
+        job of one."""
         if participants != 1:
             raise ValueError(f"a job of one process has no {participants} ranks")
         return self
-
-    def time_allreduce(self, n_bytes: int, participants: int, repeats: int) -> list[float]:
-        """Seconds of each of ``repeats`` sum-allreduces of a float32 buffer of ``n_bytes`` over the first
-        ``participants`` ranks, timed on this rank (a microbenchmark: :mod:`common.tools.sysbench`); ranks
-        outside them return ``[]`` at once.  One process has nobody to talk to."""
-        return []
 
 
 class HorovodDistributed(Distributed):
@@ -312,22 +306,6 @@ class HorovodDistributed(Distributed):
         view._reduce_gradients = reduce_gradients
         return view
 
-    def time_allreduce(self, n_bytes: int, participants: int, repeats: int) -> list[float]:
-        if participants > self.world_size or (participants < self.world_size
-                                              and participants not in self._prefix_sets):
-            raise ValueError(f"no process set of the first {participants} ranks (distributed.init(prefix_sets=True))")
-        if self.world_rank >= participants:
-            return []
-        scope = {"process_set": self._prefix_sets[participants]} if participants < self.world_size else {}
-        buffer = tf.ones([max(1, n_bytes // 4)], tf.float32)
-        self._hvd.allreduce(buffer, op=self._hvd.Sum, name=f"time_allreduce_{participants}_warm", **scope).numpy()
-        times = []
-        for k in range(repeats):
-            start = time.perf_counter()
-            self._hvd.allreduce(buffer, op=self._hvd.Sum, name=f"time_allreduce_{participants}", **scope).numpy()
-            times.append(time.perf_counter() - start)
-        return times
-
 
 _CURRENT: Distributed | None = None
 _THREADS_CONFIGURED = False
@@ -366,7 +344,7 @@ def init(intra_op_threads: int = 0, inter_op_threads: int = 0, pin_gpu: bool = T
     size and every collective are the instance's; ``world_*`` are the job's.
 
     ``prefix_sets`` registers a process set of the first p ranks for every p
-    from 2 to size - 1 (:meth:`Distributed.time_allreduce` over fewer ranks than
+    from 2 to size - 1 (:meth:`Distributed.prefix_job`: jobs of fewer ranks than
     the job's; not with groups or instances).
     """
     global _CURRENT

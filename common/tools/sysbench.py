@@ -45,6 +45,7 @@ import numpy as np
 
 from common.cli import exit_on_user_error, exit_process, find_application
 from common.config import load_config
+from common.deferred import tensorflow as tf   # at first use: after the arguments are parsed
 from common.errors import ConfigError
 from common.storage import outputs
 from common.tools.scaling import collective_terms
@@ -171,12 +172,29 @@ def allreduce_sizes(gradient_bytes: int) -> list[int]:
     return sizes + [max(4096, gradient_bytes)]
 
 
+def time_allreduce(dist, n_bytes: int, participants: int, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` sum-allreduces of a float32 buffer of ``n_bytes`` over the first
+    ``participants`` ranks (their own job: :meth:`~common.distributed.Distributed.prefix_job`), timed on this
+    rank after one untimed; the ranks outside them return ``[]`` at once."""
+    job = dist.prefix_job(participants)
+    if job is None:
+        return []
+    buffer = tf.ones([max(1, n_bytes // 4)], tf.float32)
+    job.allreduce(buffer, average=False, name=f"time_allreduce_{participants}_warm").numpy()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        job.allreduce(buffer, average=False, name=f"time_allreduce_{participants}").numpy()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def measure_allreduce(dist, sizes: list[int], repeats: int = ALLREDUCE_REPEATS) -> list[dict]:
     """Median seconds of sum-allreduces of each size over the first p ranks, p = 2..N (rank 0's clock)."""
     rows = []
     for participants in range(2, dist.world_size + 1):
         for n_bytes in sizes:
-            times = dist.time_allreduce(n_bytes, participants, repeats)
+            times = time_allreduce(dist, n_bytes, participants, repeats)
             if times:
                 rows.append({"ranks": participants, "bytes": n_bytes, "seconds": float(np.median(times))})
         dist.world_barrier()
