@@ -18,16 +18,19 @@ import pathlib
 import sys
 import traceback
 
-from common import registry
+from common import distributed, registry
 from common.console import logs
 from common.config import instance_configs, load_config, read_yaml
+from common.deferred import DeferredModule
 from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
                            Preempted, UserInputError)
+from common.instances import run_instances
 from common.loop.preemption import StopRequest
 from common.storage import scratch
 
-# Imported where used, not here: common.trainer and common.distributed (TensorFlow, Horovod), after the arguments
-# and the config are checked: --help and config errors answer without them.
+# TensorFlow and Horovod load only once the arguments and the config are checked: --help and config errors answer
+# without them (common.distributed imports Horovod in init() and TensorFlow at first use).
+trainer = DeferredModule("common.trainer")
 
 
 def exit_process(code: int) -> None:
@@ -159,27 +162,19 @@ def run_train(package: str, argv=None) -> int:
         cfg = load_config(app.config_schema, args.config, args.set)
         # TensorFlow and Horovod load only from here: arguments and config are checked without them.
         if args.dry_run:
-            # deferred: TensorFlow and Horovod load only once arguments and config are checked
-            from common.distributed import launched_world_size
-            from common.trainer import describe_model
-
-            ranks = max(1, launched_world_size() // cfg.distributed.instances)   # one instance's ranks
-            description = describe_model(app, cfg, ranks)
+            ranks = max(1, distributed.launched_world_size() // cfg.distributed.instances)   # one instance's ranks
+            description = trainer.describe_model(app, cfg, ranks)
             if cfg.distributed.instances > 1:   # every instance's network is built: an override may not fit
                 description["instances"] = []
                 for k, instance_cfg in enumerate(instance_configs(app.config_schema, cfg, source=args.config)):
                     try:
-                        network = describe_model(app, instance_cfg, ranks)
+                        network = trainer.describe_model(app, instance_cfg, ranks)
                     except UserInputError as exc:
                         raise UserInputError(f"instance {k} (distributed.instance_overrides[{k}]): {exc}") from None
                     description["instances"].append({key: network[key] for key in (
                         "parameters", "forward_flops_per_sample", "forward_gflops_per_sample", "precision")})
             print(json.dumps(description), flush=True)
             return 0
-
-        # deferred: TensorFlow and Horovod load only once arguments and config are checked
-        from common import distributed
-        from common.instances import run_instances
 
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
                                 groups=cfg.distributed.groups, instances=cfg.distributed.instances)
@@ -197,11 +192,8 @@ def run_train(package: str, argv=None) -> int:
 def _train_and_report(app, cfg, dist, output_dir, args, stop_request, gate=None) -> tuple[int, dict | None, str | None]:
     """One run (or one instance's, with the job's ``gate``: :func:`common.instances.run_instances`): (exit code,
     the summary on success, the reason it stopped otherwise)."""
-    # deferred: imports TensorFlow, after the arguments are parsed
-    from common.trainer import train
-
     try:
-        summary = train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak,
+        summary = trainer.train(app, cfg, dist, output_dir, resume=args.resume, measure_peak=args.measure_peak,
                         force=args.force, stop_request=stop_request, gate=gate)
     except Preempted as exc:
         if dist.is_root:

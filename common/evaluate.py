@@ -20,6 +20,7 @@ from common import registry
 from common.application import Evaluator
 from common.cli import exit_on_user_error
 from common.config import load_config
+from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.errors import UserInputError
 from common.storage import outputs
 
@@ -73,8 +74,6 @@ class EvaluationWriter:
         outputs.save_npz(self.run_dir / name, self.tool, self.force, **arrays)
 
     def figure(self, figure, name: str, dpi: int = 110) -> None:
-        import matplotlib.pyplot as plt   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
-
         try:
             outputs.save_figure(figure, self.run_dir / name, self.tool, self.force, dpi=dpi)
         finally:

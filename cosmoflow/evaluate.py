@@ -21,10 +21,10 @@ import numpy as np
 
 from common.application import Evaluator
 from common.cli import exit_process
+from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.evaluate import evaluate_run, run_evaluate
 from cosmoflow.config import CosmoflowConfig
 
-# Imported where used, not here: matplotlib, only where a figure is written.
 
 
 def mean_absolute_errors(predictions: np.ndarray, targets: np.ndarray, names) -> dict[str, float]:
@@ -57,10 +57,6 @@ def parity(predictions: np.ndarray, targets: np.ndarray, names, bins: int = 5) -
 
 def plot_predictions(predictions, targets, names):
     """One panel per parameter: predicted on true (the figure)."""
-    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.6), squeeze=False)
     for i, (axis, name) in enumerate(zip(axes[0], names)):

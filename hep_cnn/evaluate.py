@@ -15,20 +15,17 @@ import numpy as np
 
 from common.application import Evaluator
 from common.cli import exit_process
+from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.evaluate import evaluate_run, run_evaluate
 from hep_cnn.config import HepConfig
 
-# Imported where used, not here: matplotlib (only where a figure is written), hep_cnn.model (Keras) and
+# Imported where used, not here: hep_cnn.model (Keras) and
 # hep_cnn.metrics (scikit-learn, about 2 s), so that --help, and the training's, which reads this module through
 # the application's declaration, answer without them.
 
 
 def plot_roc(fpr, tpr, metrics):
     """The weighted ROC with the cut-based point (the figure)."""
-    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, axis = plt.subplots(figsize=(5, 4.2))
     axis.plot(fpr, tpr, label=f"CNN (weighted AUC {metrics['auc']:.4f})")

@@ -16,9 +16,9 @@ import numpy as np
 
 from climate_seg.detection.config import DetectConfig
 from common.application import Evaluator
+from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 
-# Imported where used, not here: matplotlib (only where a figure is written) and climate_seg.detection.boxes
-# (TensorFlow), so that --help answers without them.
+# Imported where used, not here: climate_seg.detection.boxes (TensorFlow), so that --help answers without it.
 
 IOU_THRESHOLDS = (0.1, 0.5)
 PLOTTED_SAMPLES = 3
@@ -61,11 +61,6 @@ def average_precisions(predictions: list, truths: list) -> dict:
 
 
 def plot_boxes(images, truths, predictions, names, tmq_index: int):
-    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
 
     # deferred: imports TensorFlow (--help answers without it)
     from climate_seg.detection.boxes import DETECTION_CLASSES
@@ -74,26 +69,23 @@ def plot_boxes(images, truths, predictions, names, tmq_index: int):
     for axis, image, truth, predicted, name in zip(axes[:, 0], images, truths, predictions, names):
         axis.imshow(image[..., tmq_index], origin="lower", cmap="Blues")
         for ymin, xmin, ymax, xmax, cls in truth:
-            axis.add_patch(Rectangle((xmin - 0.5, ymin - 0.5), xmax - xmin, ymax - ymin, fill=False, lw=1.6,
+            axis.add_patch(plt.Rectangle((xmin - 0.5, ymin - 0.5), xmax - xmin, ymax - ymin, fill=False, lw=1.6,
                                      ec=COLORS[int(cls)]))
         for box, score, cls in predicted:
             ymin, xmin, ymax, xmax = box
-            axis.add_patch(Rectangle((xmin - 0.5, ymin - 0.5), xmax - xmin, ymax - ymin, fill=False, lw=1.0,
+            axis.add_patch(plt.Rectangle((xmin - 0.5, ymin - 0.5), xmax - xmin, ymax - ymin, fill=False, lw=1.0,
                                      ls="--", ec=COLORS[cls]))
         axis.set_title(f"{name}: TMQ, true (solid) and predicted (dashed) boxes", fontsize=9)
         axis.set_xticks([])
         axis.set_yticks([])
-    fig.legend(handles=[Patch(color=c, label=n.replace("_", " ")) for c, n in zip(COLORS, DETECTION_CLASSES)],
+    fig.legend(handles=[plt.matplotlib.patches.Patch(color=c, label=n.replace("_", " "))
+                        for c, n in zip(COLORS, DETECTION_CLASSES)],
                loc="lower center", ncol=4, fontsize=8)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return fig
 
 
 def plot_reconstruction(image, recon, channel_names):
-    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     shown = [c for c in ("TMQ", "PSL", "U850") if c in channel_names]
     fig, axes = plt.subplots(len(shown), 2, figsize=(9, 2.6 * len(shown)), squeeze=False)

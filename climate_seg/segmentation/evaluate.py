@@ -19,8 +19,9 @@ import numpy as np
 from climate_seg.cam5.config import CLASS_NAMES
 from climate_seg.segmentation.config import ClimateConfig
 from common.application import Evaluator
+from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 
-# Imported where used, not here: matplotlib (only where a figure is written) and common.nn.metrics (Keras), so
+# Imported where used, not here: common.nn.metrics (Keras), so
 # that --help answers without them.
 
 PLOTTED_SAMPLES = 3
@@ -28,11 +29,6 @@ PLOTTED_SAMPLES = 3
 
 def plot_masks(fields, truth, predicted, names, tmq_channel: int = 0):
     """TMQ with true (left) and predicted (right) cyclone and river regions outlined."""
-    import matplotlib   # deferred: matplotlib (about 0.3 s) only where a figure is drawn
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
 
     rows = len(fields)
     fig, axes = plt.subplots(rows, 2, figsize=(11, 3.1 * rows), squeeze=False)
@@ -46,7 +42,7 @@ def plot_masks(fields, truth, predicted, names, tmq_channel: int = 0):
             axis.set_title(f"{pathlib.Path(names[row]).stem}: TMQ, {title} masks", fontsize=9)
             axis.set_xticks([])
             axis.set_yticks([])
-    handles = [Line2D([], [], color="red", label="tropical cyclone"), Line2D([], [], color="orange",
+    handles = [plt.Line2D([], [], color="red", label="tropical cyclone"), plt.Line2D([], [], color="orange",
                                                                                label="atmospheric river")]
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=9)
     fig.tight_layout(rect=(0, 0.04, 1, 1))

@@ -51,6 +51,7 @@ from common.application import Application
 from common.cli import exit_on_user_error, exit_process, find_application, positive_int_argument
 from common.config import load_config
 from common.console import cpu, logs
+from common.deferred import tensorflow as tf   # at first use, after the arguments are parsed
 from common.errors import DataError, UserInputError
 from common.storage import outputs
 
@@ -59,9 +60,6 @@ from common.storage import outputs
 
 
 def device_has_bf16() -> bool:
-    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
-    import tensorflow as tf
-
     return bool(tf.config.list_physical_devices("GPU")) or cpu.has_bf16_units()
 
 
@@ -83,8 +81,7 @@ def _timed_fit(model, dataset, steps: int, warmup: int, global_batch: int) -> fl
 
 def op_profile(model, dataset, steps: int, logdir: str, top: int = 12) -> dict:
     """Self time of ``steps`` training steps by op type and by op, from a TensorFlow profiler trace."""
-    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
-    import tensorflow as tf
+    # deferred: TensorFlow's profiler and the engine modules that import TensorFlow (--help answers without them)
     from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
 
     # The profiler adds a new plugins/profile/<time>/ folder per trace: read this one's, delete nothing.
@@ -128,8 +125,7 @@ def profile_table(profile: dict) -> str:
 
 def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | None = None) -> dict:
     """The four measurements (peak, compute, input, end to end) for ``application``'s config, on ``dist``'s ranks."""
-    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
-    import tensorflow as tf
+    # deferred: the engine modules that import TensorFlow (--help answers without them)
     from common.loop.callbacks import state_variables
     from common.nn.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample, matmul_peak
     from common.trainer import prepare_data, prepare_run
@@ -213,9 +209,6 @@ def cores_per_accelerator(application: Application, shape: list[int], per_core: 
 def _on_threads(stream, threads: int | None):
     """``stream`` on tf.data's private thread pool of ``threads`` with that intra-op parallelism (1: one
     core); None: as it is (TensorFlow's defaults)."""
-    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
-    import tensorflow as tf
-
     if threads is None:
         return stream
     options = tf.data.Options()
