@@ -19,7 +19,7 @@ STAMP := $(VENV)/.setup-complete
 JAX_VENV  ?= .venv-jax
 JAX_STAMP := $(JAX_VENV)/.setup-complete
 
-.PHONY: setup setup-jax check-gpu-build demo demo-hep demo-climate demo-detect test bench clean-runs setup-cluster
+.PHONY: setup setup-jax check-gpu-build demo demo-hep demo-climate demo-detect test test-fast durations bench clean-runs setup-cluster
 
 setup: $(STAMP)
 
@@ -113,6 +113,15 @@ demo-detect: setup
 
 test: setup setup-jax
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+
+# The edit-test loop (a few minutes): no SLURM cluster, no Horovod launch, nothing that took over 2.5 s in the
+# recorded run (tests/durations.json; tests/conftest.py says how it chooses).  `make test` is the whole suite.
+test-fast: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest --fast -q $(PYTEST_ARGS)
+
+# The whole suite, recording what each test and fixture took into tests/durations.json (test-fast's choice).
+durations: setup setup-jax
+	HPCDL_RECORD_DURATIONS=$(abspath tests/durations.json) PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks (numbers, not pass/fail): each app's demo and full-size config, and
 # 1 process x 2 threads vs 2 Horovod ranks x 1 thread.  JSON in runs/bench/.

@@ -27,8 +27,63 @@ os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(SYSTEM_TEMP))
 
 def pytest_sessionfinish(session, exitstatus):
     """The scratch folders of the processes the tests killed on purpose (SIGKILL leaves them to the next process
-    of the suite): removed now, so a test run leaves nothing in the temporary folder."""
+    of the suite): removed now, so a test run leaves nothing in the temporary folder.  With
+    ``HPCDL_RECORD_DURATIONS=<file>``, what each test and fixture took is written there (``make durations``)."""
     scratch.sweep(SYSTEM_TEMP)
+    record = os.environ.get("HPCDL_RECORD_DURATIONS")
+    if record and _TIMES["tests"]:
+        known = json.loads(pathlib.Path(record).read_text()) if pathlib.Path(record).is_file() else {}
+        for kind in ("tests", "fixtures"):   # a partial run keeps what it did not run
+            known[kind] = {**known.get(kind, {}), **{k: round(v, 2) for k, v in _TIMES[kind].items()}}
+            known[kind] = dict(sorted(known[kind].items()))
+        partial = pathlib.Path(f"{record}.partial")
+        partial.write_text(json.dumps(known, indent=1) + "\n")
+        os.replace(partial, record)
+
+
+# `make test-fast` (pytest --fast): the edit-test loop without what takes long.  Left out: the SLURM clusters,
+# the multi-node cluster and the tests marked as launching Horovod ranks, then every test that took more than
+# FAST_LIMIT_S, or that needs a fixture that took more, in the last recorded run (tests/durations.json: `make
+# durations` records it afresh).  A test the record does not know is kept.
+FAST_LIMIT_S = 2.5
+FAST_LEAVES_OUT_MARKERS = ("slurm", "multinode", "horovod", "slow")
+DURATIONS = pathlib.Path(__file__).with_name("durations.json")
+_TIMES: dict[str, dict[str, float]] = {"tests": {}, "fixtures": {}}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help=f"leave out the clusters, the Horovod launches and whatever took over {FAST_LIMIT_S} s "
+                          "in tests/durations.json (make test-fast)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--fast"):
+        return
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    tests, fixtures = recorded.get("tests", {}), recorded.get("fixtures", {})
+    kept, left = [], []
+    for item in items:
+        slow = (any(item.get_closest_marker(m) for m in FAST_LEAVES_OUT_MARKERS)
+                or tests.get(item.nodeid, 0.0) > FAST_LIMIT_S
+                or any(fixtures.get(name, 0.0) > FAST_LIMIT_S for name in getattr(item, "fixturenames", ())))
+        (left if slow else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    started = time.perf_counter()
+    yield
+    name = fixturedef.argname
+    _TIMES["fixtures"][name] = max(_TIMES["fixtures"].get(name, 0.0), time.perf_counter() - started)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        _TIMES["tests"][report.nodeid] = report.duration
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
