@@ -16,8 +16,11 @@ from conftest import REPO, launcher, python_env
 # TensorFlow's start-up lines: a process that imports TensorFlow with TF_CPP_MIN_LOG_LEVEL=0 prints them.
 TENSORFLOW_STARTUP = ("oneDNN custom operations", "cpu_feature_guard", "absl::InitializeLog")
 
-RANK_3_FAILS = ("import os, sys; rank = os.environ['HOROVOD_RANK']; print('rank', rank, 'of', "
-                "os.environ['HOROVOD_SIZE']); sys.exit(3 if rank == '1' else 0)")
+# Rank 1 fails a second after both have printed (horovodrun stops the others when one fails: a rank still
+# printing could lose its line).
+RANK_3_FAILS = ("import os, sys, time; rank = os.environ['HOROVOD_RANK']; print('rank', rank, 'of', "
+                "os.environ['HOROVOD_SIZE'], flush=True); rank == '1' and time.sleep(1); "
+                "sys.exit(3 if rank == '1' else 0)")
 
 
 def run(command, cache):

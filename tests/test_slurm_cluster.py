@@ -86,10 +86,15 @@ def test_preemption_requeue_and_exact_resume(slurm_cluster, tiny_cosmo_data, tmp
                    env={**os.environ, **slurm_cluster}, check=True)
     info = finished(slurm_cluster, preempted)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1" and info["ExitCode"] == "0:0", (requeued, info)
-    first = (run / "train.restart-0.log").read_text()
-    assert "preempted: stop requested (SIGUSR1); checkpoint saved at epoch" in first
     second = (run / "train.restart-1.log").read_text()
-    assert "resuming from" in second and "ckpt-epoch-" in second
+    if "preempted (USR1) before training; requeueing" in read(f"{run}.out"):
+        # The warning came before the trainer started (SLURM's signal timer ticks coarsely: now and then it
+        # fires within the launcher's first second): requeued without a trainer, the released job starts afresh.
+        assert not (run / "train.restart-0.log").exists() and "resuming from" not in second, second[-2000:]
+    else:
+        first = (run / "train.restart-0.log").read_text()
+        assert "preempted: stop requested (SIGUSR1); checkpoint saved at epoch" in first
+        assert "resuming from" in second and "ckpt-epoch-" in second
     assert json.loads((run / "summary.json").read_text())["epochs_completed"] == 120
     info = finished(slurm_cluster, reference)
     assert info["JobState"] == "COMPLETED", info
