@@ -151,7 +151,7 @@ class Tasks:
     def choose(self, config: dict, source=None) -> Application:
         """The application the config mapping ``config`` (read from ``source``) is for."""
         task = config.get(self.key, self.default)
-        if task not in self.choices:
+        if not isinstance(task, str) or task not in self.choices:
             where = f"{source}: " if source else ""
             raise ConfigError(f"{where}{self.key}: expected one of {', '.join(map(repr, self.choices))}, "
                               f"got {task!r}")

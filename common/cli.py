@@ -135,7 +135,9 @@ def find_application(config_path: str, app_name: str | None = None, app_option: 
     ``model.name``, else its folder (``configs/<app>/...``), the first of them registered (:mod:`common.registry`),
     with its task where the package has several.  ``app_option``: the calling tool has an ``--app`` option to
     suggest."""
-    candidates = [app_name] if app_name else []
+    if app_name is not None:   # asked for by name: that one, or a one-line refusal naming the registered ones
+        return registry.application(app_name, config_path)
+    candidates = []
     raw = read_yaml(config_path)
     if isinstance(raw.get("model"), dict) and raw["model"].get("name"):
         candidates.append(raw["model"]["name"])

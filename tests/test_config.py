@@ -241,3 +241,23 @@ def test_every_command_refuses_a_bad_instance_override(tmp_path, no_tensorflow, 
                                      env=no_tensorflow))
     assert line == (f"error: {path}: instance 1 (distributed.instance_overrides[1]): unknown key "
                     "'optimizer.learning_rat'")
+
+
+@pytest.mark.parametrize("command", [
+    ["-m", "common.tools.check_data"],
+    ["-m", "common.tools.slurm", "env"],
+])
+def test_an_application_asked_for_by_name_must_be_registered(no_tensorflow, command):
+    """--app names the application: an unknown name is refused (it was once taken as a mere hint, and the
+    config's folder chose instead), before TensorFlow loads."""
+    result = run_python([*command, "--app", "nosuchapp", "--config", "configs/hep_cnn/demo.yaml"], timeout=300,
+                        check=False, env=no_tensorflow)
+    assert one_error_line(result).startswith("error: nosuchapp: not a registered application (registered: ")
+
+
+@pytest.mark.parametrize("task", ["[a, b]", "{x: 1}", "null", "3", "Segmentation"])
+def test_a_task_that_is_not_one_of_the_tasks_is_one_line(tmp_path, task):
+    path = tmp_path / "climate.yaml"
+    path.write_text(f"task: {task}\ndata: {{data_dir: /d}}\n")
+    with pytest.raises(ConfigError, match=r"task: expected one of 'segmentation', 'detection', got "):
+        find_application(str(path), "climate_seg")

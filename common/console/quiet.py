@@ -30,7 +30,7 @@ import tempfile
 
 VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 SUITE_LEVEL = 2   # TensorFlow's errors only
-_SET_BY_SUITE = "HPC_DL_SUITE_SET_TF_CPP_MIN_LOG_LEVEL"   # set beside it, so ranks started from here filter too
+_SET_BY_SUITE = "HPC_DL_SUITE_SET_TF_CPP_MIN_LOG_LEVEL"   # the value the suite set: children filter too, unless changed
 
 # Abseil's line format, "I1203 06:21:07.123456   19447 port.cc:153] ...", at INFO (I) or WARNING (W);
 # and the notice Abseil prints once before its first line.
@@ -86,10 +86,10 @@ class _QuietTensorFlow(importlib.abc.MetaPathFinder):
 def user_level(environ) -> int | None:
     """The ``TF_CPP_MIN_LOG_LEVEL`` the user set, as TensorFlow reads it (anything but a whole number: 0,
     everything); None when the user set none (or the suite set it, in a process that started this one)."""
-    if VARIABLE not in environ or environ.get(_SET_BY_SUITE) == "1":
+    if VARIABLE not in environ or environ.get(_SET_BY_SUITE) == environ[VARIABLE]:
         return None
     value = environ[VARIABLE].strip()
-    return int(value) if value.isdigit() else 0
+    return int(value) if re.fullmatch(r"[0-9]+", value) else 0
 
 
 def install(environ=None) -> bool:
@@ -101,8 +101,7 @@ def install(environ=None) -> bool:
     if (level is not None and level < SUITE_LEVEL) or "tensorflow" in sys.modules:
         return False
     if level is None:
-        environ[VARIABLE] = str(SUITE_LEVEL)
-        environ[_SET_BY_SUITE] = "1"
+        environ[VARIABLE] = environ[_SET_BY_SUITE] = str(SUITE_LEVEL)
     if not any(isinstance(finder, _QuietTensorFlow) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietTensorFlow())
     return True
