@@ -18,6 +18,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from common.deferred import tensorflow as tf   # at first use: the launcher (launch) never needs it
 from common.errors import UserInputError
+from common.storage import outputs
 
 # Imported where used, not here: Horovod, only in a process that a launcher (horovodrun, mpirun, srun) started as
 # one of several ranks (and horovodrun's runner in :func:`launch`).
@@ -442,23 +444,33 @@ def launch(argv: list[str]) -> int:
     importing Horovod's TensorFlow extension, so TensorFlow, in a child process: about 6 s of one core on every
     launch, and TensorFlow's start-up lines in the launcher's output.  The answer belongs to the installed build,
     so it is recorded once per build (the extension library's and TensorFlow's files, this interpreter:
-    :func:`_build_record_path`) and read back; without a record that can be written or read, horovodrun checks as
-    it always does.  Everything else is horovodrun's own: arguments, rank output, exit codes.
+    :func:`_build_record_path`) and read back.  Only a "built" answer is taken from the record: a "not built"
+    one, a record that cannot be written or read, and the commands that start no rank (``--help``,
+    ``--version``, ``--check-build``) leave horovodrun to check as it always does.  Everything else is
+    horovodrun's own: arguments, rank output, exit codes.
     """
-    from horovod.runner import launch as runner   # deferred: only a launcher process needs horovodrun's runner
+    try:
+        from horovod.runner import launch as runner   # deferred: only a launcher process needs horovodrun's runner
+    except ModuleNotFoundError as exc:
+        raise UserInputError(f"Horovod is not importable here ({exc}); run `make setup` (it builds Horovod: "
+                             "scripts/build_horovod.sh)") from None
 
-    build = _recorded_build()
+    starts_ranks = not {"-h", "--help", "-v", "--version", "-cb", "--check-build"} & set(argv)
+    build = _recorded_build() if starts_ranks else None
     if build is not None:
-        runner.gloo_built = lambda verbose=False: build["gloo_built"]
-        runner.mpi_built = lambda verbose=False: build["mpi_built"]
+        if build["gloo_built"]:
+            runner.gloo_built = lambda verbose=False: True
+        if build["mpi_built"]:
+            runner.mpi_built = lambda verbose=False: True
     sys.argv = ["horovodrun", *argv]
     return runner.run_commandline()
 
 
 def _build_record_path() -> pathlib.Path | None:
     """Where :func:`launch` keeps what this build of Horovod was built with: a file in the suite's cache folder
-    (beside the cached Horovod wheels) named by the identity of the files the answer comes from, so a rebuilt or
-    reinstalled Horovod or TensorFlow, or another interpreter, gets a record of its own.  None without Horovod."""
+    (beside the cached Horovod wheels; ``$XDG_CACHE_HOME`` when it is an absolute path, as the XDG rules say,
+    else ``~/.cache``) named by the identity of the files the answer comes from, so a rebuilt or reinstalled
+    Horovod or TensorFlow, or another interpreter, gets a record of its own.  None without Horovod."""
     horovod, tensorflow = importlib.util.find_spec("horovod"), importlib.util.find_spec("tensorflow")
     if horovod is None or tensorflow is None or not horovod.submodule_search_locations:
         return None
@@ -468,7 +480,9 @@ def _build_record_path() -> pathlib.Path | None:
         stat = path.stat()
         identity.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}")
     key = hashlib.sha256("\n".join(identity).encode()).hexdigest()[:24]
-    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or "")
+    if not cache.is_absolute():
+        cache = pathlib.Path.home() / ".cache"
     return cache / "hpc-dl-suite" / "horovod-builds" / f"{key}.json"
 
 
@@ -496,12 +510,18 @@ def _recorded_build() -> dict | None:
         return None
     if not whole(record):
         return None
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(record) + "\n")
-        os.replace(partial, path)   # whole or absent: launchers reading at the same time never see half of it
+        # A new file of its own (never one that a link at some name points to), then renamed into place: whole
+        # or absent, for launchers reading at the same time.
+        descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(json.dumps(record) + "\n")
+        outputs.honour_umask(partial)
+        os.replace(partial, path)
     except OSError:   # not kept (a read-only or full cache): the answer still serves this launch
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
+        if partial is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
     return record

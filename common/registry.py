@@ -47,7 +47,9 @@ def _checkout_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
     try:
         group = tomllib.loads(pyproject.read_text())["project"]["entry-points"][GROUP]
-    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
+    except tomllib.TOMLDecodeError as exc:
+        raise UserInputError(f"{pyproject}: not valid TOML ({exc}); the applications are registered there") from None
+    except (OSError, KeyError, TypeError):
         return {}
     return {name: importlib.metadata.EntryPoint(name, value, GROUP) for name, value in group.items()}
 

@@ -67,6 +67,13 @@ def test_the_launcher_runs_horovodrun_and_records_its_build_check_once(tmp_path)
     assert json.loads(records[0].read_text()) == record
     assert [p.name for p in records[0].parent.iterdir()] == [records[0].name]   # no temporary file left
 
+    # Only a "built" answer is taken from a record: one saying "not built" leaves horovodrun to check itself
+    # (and its check, importing TensorFlow, finds Gloo built here).
+    records[0].write_text('{"gloo_built": false, "mpi_built": false}\n')
+    checked = run([*launcher(2), sys.executable, "-c", "print('ok')"], cache)
+    assert checked.returncode == 0 and checked.stdout.count("<stdout>:ok") == 2, checked.stdout + checked.stderr
+    assert any(line in checked.stderr for line in TENSORFLOW_STARTUP), checked.stderr[-3000:]
+
 
 @pytest.mark.horovod
 def test_without_a_writable_cache_the_launcher_checks_as_horovodrun_does(tmp_path):

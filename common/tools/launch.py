@@ -11,7 +11,10 @@ demo` and the test suite launch their ranks with it.
 
 import sys
 
+from common.cli import exit_on_user_error
 from common.distributed import launch
 
 if __name__ == "__main__":
-    sys.exit(launch(sys.argv[1:]))
+    with exit_on_user_error():
+        code = launch(sys.argv[1:])
+    sys.exit(code)
