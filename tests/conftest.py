@@ -32,13 +32,45 @@ def pytest_sessionfinish(session, exitstatus):
     scratch.sweep(SYSTEM_TEMP)
     record = os.environ.get("HPCDL_RECORD_DURATIONS")
     if record and _TIMES["tests"]:
-        known = json.loads(pathlib.Path(record).read_text()) if pathlib.Path(record).is_file() else {}
+        known = read_durations(pathlib.Path(record), "HPCDL_RECORD_DURATIONS")
         for kind in ("tests", "fixtures"):   # a partial run keeps what it did not run
-            known[kind] = {**known.get(kind, {}), **{k: round(v, 2) for k, v in _TIMES[kind].items()}}
-            known[kind] = dict(sorted(known[kind].items()))
-        partial = pathlib.Path(f"{record}.partial")
-        partial.write_text(json.dumps(known, indent=1) + "\n")
+            known[kind] = dict(sorted({**known.get(kind, {}),
+                                       **{k: round(v, 2) for k, v in _TIMES[kind].items()}}.items()))
+        known["written_by"] = DURATIONS_MARK
+        # A new file of its own in the same folder, renamed into place: whole or absent, never through a link.
+        descriptor, partial = tempfile.mkstemp(prefix=f".{pathlib.Path(record).name}.", suffix=".partial",
+                                               dir=pathlib.Path(record).parent)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(json.dumps(known, indent=1) + "\n")
+        os.chmod(partial, 0o644)
         os.replace(partial, record)
+
+
+DURATIONS_MARK = "hpc-dl-suite tests/conftest.py"
+
+
+def read_durations(path: pathlib.Path, source: str) -> dict:
+    """A durations record (``{}`` when ``path`` does not exist yet); a file that is not one is a one-line
+    refusal naming it and ``source`` (the option or variable that named it): the suite replaces only its own."""
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise pytest.UsageError(f"{source}={path}: its folder does not exist")
+        return {}
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise pytest.UsageError(f"{source}={path}: not a durations record of this suite "
+                                f"({type(exc).__name__}); name a new file") from None
+    if not isinstance(record, dict) or record.get("written_by") != DURATIONS_MARK:
+        raise pytest.UsageError(f"{source}={path}: not a durations record of this suite (no written_by "
+                                f"{DURATIONS_MARK!r}); name a new file, or remove it")
+    return record
+
+
+def pytest_configure(config):
+    record = os.environ.get("HPCDL_RECORD_DURATIONS")
+    if record:   # checked before the run, not after an hour of it
+        read_durations(pathlib.Path(record), "HPCDL_RECORD_DURATIONS")
 
 
 # `make test-fast` (pytest --fast): the edit-test loop without what takes long.  Left out: the SLURM clusters,
@@ -60,7 +92,10 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--fast"):
         return
-    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    recorded = read_durations(DURATIONS, "--fast's record")
+    if not recorded:
+        print(f"--fast: no {DURATIONS.relative_to(REPO)} (make durations records it): only the clusters and "
+              "the Horovod launches are left out", file=sys.stderr)
     tests, fixtures = recorded.get("tests", {}), recorded.get("fixtures", {})
     kept, left = [], []
     for item in items:
