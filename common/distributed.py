@@ -9,7 +9,6 @@ the same code runs on a laptop without Horovod installed.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
@@ -18,7 +17,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -510,18 +508,10 @@ def _recorded_build() -> dict | None:
         return None
     if not whole(record):
         return None
-    partial = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # A new file of its own (never one that a link at some name points to), then renamed into place: whole
-        # or absent, for launchers reading at the same time.
-        descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(json.dumps(record) + "\n")
-        outputs.honour_umask(partial)
-        os.replace(partial, path)
-    except OSError:   # not kept (a read-only or full cache): the answer still serves this launch
-        if partial is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
+        # force: the file at this name is the suite's own record (a link there is replaced, not written through)
+        outputs.write_json(path, record, "common.distributed", force=True)
+    except (OSError, UserInputError):   # not kept (a read-only or full cache): the answer still serves this launch
+        pass
     return record

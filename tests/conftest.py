@@ -16,7 +16,7 @@ import time
 import pytest
 
 import common  # noqa: F401  (first: TensorFlow's kernel set and logging, for this process and every child)
-from common.storage import scratch
+from common.storage import outputs, scratch
 
 # The test process keeps its scratch folder too (TensorFlow's AutoGraph files of the in-process tests go with it,
 # also when the run is killed: the next process of the suite sweeps it), while pytest's tmp_path stays under the
@@ -36,22 +36,19 @@ def pytest_sessionfinish(session, exitstatus):
         for kind in ("tests", "fixtures"):   # a partial run keeps what it did not run
             known[kind] = dict(sorted({**known.get(kind, {}),
                                        **{k: round(v, 2) for k, v in _TIMES[kind].items()}}.items()))
-        known["written_by"] = DURATIONS_MARK
-        # A new file of its own in the same folder, renamed into place: whole or absent, never through a link.
-        descriptor, partial = tempfile.mkstemp(prefix=f".{pathlib.Path(record).name}.", suffix=".partial",
-                                               dir=pathlib.Path(record).parent)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(json.dumps(known, indent=1) + "\n")
-        os.chmod(partial, 0o644)
-        os.replace(partial, record)
+        known.pop(outputs.WRITTEN_BY, None)
+        outputs.write_json(record, known, DURATIONS_TOOL)   # whole or absent, and never through a link
 
 
-DURATIONS_MARK = "hpc-dl-suite tests/conftest.py"
+DURATIONS_TOOL = "tests/conftest.py"
+DURATIONS_MARK = outputs.provenance(DURATIONS_TOOL)
 
 
 def read_durations(path: pathlib.Path, source: str) -> dict:
     """A durations record (``{}`` when ``path`` does not exist yet); a file that is not one is a one-line
     refusal naming it and ``source`` (the option or variable that named it): the suite replaces only its own."""
+    if path.is_symlink():
+        raise pytest.UsageError(f"{source}={path}: a link; name the file itself")
     if not path.exists():
         if not path.parent.is_dir():
             raise pytest.UsageError(f"{source}={path}: its folder does not exist")

@@ -129,8 +129,8 @@ class RunFolder:
         """Every check has passed: from here on the run writes.  Rank 0: the marker (listing what this run
         writes), an earlier run's checkpoints and in-folder MLPerf log removed (``--force``), the resolved
         ``cfg``, and the records brought into line with the checkpoint the run starts from
-        (:func:`common.loop.records.reconcile`)."""
-        self.started = True
+        (:func:`common.loop.records.reconcile`).  The caller has set :attr:`started` (before it records the
+        attempt): from then on a failure leaves what the run wrote."""
         if not dist.is_root:
             return
         claim, path = self._claim, self.path
