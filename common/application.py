@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import pathlib
 from typing import Any, Callable
 
 from common.errors import ConfigError
-from common.loop import epochs
-
-log = logging.getLogger(__name__)
+from common.loop.epochs import Datasets, Split   # noqa: F401  (part of the contract: apps build them)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,64 +153,3 @@ class Tasks:
             raise ConfigError(f"{where}{self.key}: expected one of {', '.join(map(repr, self.choices))}, "
                               f"got {task!r}")
         return self.choices[task]
-
-
-@dataclasses.dataclass
-class Datasets:
-    """What an application's ``build_datasets`` returns to the trainer (tf.data pipelines of this rank).
-
-    ``train_epoch(epoch)`` builds this rank's batches of one epoch, (x, y) or
-    (x, y, sample_weight), from ``epoch`` (an int) alone: its file order and
-    shuffles are seeded by (train.seed, epoch), so epoch e is the same whether
-    the run started at 0 or resumed at e.  It must hold at least
-    ``steps_per_epoch`` batches.  ``validation_batches`` is this rank's
-    validation stream, at least ``validation_steps`` batches long (it may
-    repeat); :attr:`validation` is its first ``validation_steps`` batches,
-    repeated, so every epoch validates on the same batches (``cache_validation``
-    keeps them in memory).  Every rank runs the same number of steps (Horovod
-    allreduces would hang otherwise).
-    """
-
-    train_epoch: Callable[[int], Any]
-    validation_batches: Any | None
-    steps_per_epoch: int
-    validation_steps: int
-    global_batch_size: int    # samples per step, all ranks together
-    cache_validation: bool = False
-    skipped_files: list[str] = dataclasses.field(default_factory=list)  # data.on_bad_file: skip
-    # After TensorFlow's reader failed without naming a file (a corrupt record, a broken GZIP stream):
-    # re-read this rank's files to find it (the cost only on failure).  None: the reader names its files.
-    find_bad_file: Callable[[], Exception | None] | None = None
-    validation: Any | None = dataclasses.field(init=False, default=None)
-
-    def __post_init__(self):
-        if self.validation_batches is not None:
-            batches = self.validation_batches.take(self.validation_steps)
-            self.validation = (batches.cache() if self.cache_validation else batches).repeat()
-
-    @property
-    def train_samples(self) -> int:
-        """Global samples used for training per epoch."""
-        return self.steps_per_epoch * self.global_batch_size
-
-    @property
-    def validation_samples(self) -> int:
-        """Global samples used for validation."""
-        return self.validation_steps * self.global_batch_size
-
-    def diagnose(self, exc: Exception) -> Exception | None:
-        """The bad file behind a TensorFlow read error ``exc``, when it looks like one and can be found."""
-        if self.find_bad_file is None:
-            return None
-        text = str(exc).lower()
-        if type(exc).__name__ != "DataLossError" and not any(
-                word in text for word in ("record", "inflate", "zlib", "gzip", "compress")):
-            return None
-        log.warning(f"a read failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}); "
-                    "re-reading this rank's files to name the bad one")
-        return self.find_bad_file()
-
-    def train_stream(self, first_epoch: int, end_epoch: int, skip_steps: int = 0):
-        """Epochs ``first_epoch .. end_epoch - 1`` back to back, ``steps_per_epoch`` batches each, the first
-        ``skip_steps`` batches left out (mid-epoch resume): :func:`common.loop.epochs.epoch_stream`."""
-        return epochs.epoch_stream(self.train_epoch, self.steps_per_epoch, first_epoch, end_epoch, skip_steps)

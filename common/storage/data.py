@@ -29,15 +29,11 @@ import tensorflow as tf
 from common.config import expand_environment
 from common.distributed import Distributed
 from common.errors import DataError
+from common.loop.epochs import epoch_seed, steps_for   # noqa: F401  (the epoch's rules; re-exported)
 from common.storage.outputs import atomic_path, write_json
 from common.storage.sample_files import bad_entries_message, entry_problem
 
 log = logging.getLogger(__name__)
-
-
-def epoch_seed(base_seed: int, epoch: int, salt: int = 0) -> int:
-    """The seed of one epoch's shuffles (the same on every rank), within int64."""
-    return (base_seed * 1_000_003 + epoch * 7919 + salt) % (1 << 62)
 
 
 def list_files(directory: str | pathlib.Path, patterns: tuple[str, ...], what: str,
@@ -193,15 +189,6 @@ def select_count(available: int, requested: int | None, key: str, where: str) ->
     if requested > available:
         raise DataError(f"{key}={requested} but only {available} samples are present in {where}")
     return requested
-
-
-def steps_for(samples: int, size: int, batch_size: int, key: str, where: str) -> int:
-    """Full batches each rank can take from its share of ``samples``."""
-    steps = samples // size // batch_size
-    if steps < 1:
-        raise DataError(f"{where}: {samples} samples cannot fill one batch of {batch_size} on each of "
-                        f"{size} ranks (lower {key} or add data)")
-    return steps
 
 
 def shuffled_shards(files: list[str], dist: Distributed, seed, shuffle: bool = True) -> tf.data.Dataset:
