@@ -36,7 +36,7 @@ from climate_seg.cam5.data import SPLITS, normalizer, prepare, screened_split, s
 from climate_seg.cam5.synth import generate_detection_dataset
 from common.application import Datasets
 from common.loop import epochs
-from common.storage.data import check_split_files, epoch_seed, reading, steps_for
+from common.storage.data import check_split_files, reading
 from common.distributed import Distributed
 from common.errors import DataError
 
@@ -249,53 +249,64 @@ def _concat(a, b):
     return tf.nest.map_structure(lambda x, y: tf.concat([x, y], axis=0), a, b)
 
 
-def build_datasets(cfg: DetectConfig, dist: Distributed) -> Datasets:
-    data = cfg.data
-    seed = cfg.train.seed
-    bad: list[str] = []
-    train = split_samples(cfg, "train", dist, bad)
-    numbering = train[0].class_offset
-    valid = [s for s in split_samples(cfg, "validation", dist, bad, offset=numbering) if s.labeled]
+def split(cfg: DetectConfig, name: str, dist: Distributed, offset: int | None = None) -> epochs.Split:
+    """The labeled samples of ``data_dir/name`` as the engine reads them, in file order (class numbers as the
+    training boxes tell them unless ``offset`` is given); the bad files (``data.on_bad_file: skip``) in its
+    ``skipped``."""
+    skipped: list[str] = []
+    samples = [s for s in split_samples(cfg, name, dist, skipped, offset) if s.labeled]
+    return samples_split(cfg, name, samples, skipped)
+
+
+def samples_split(cfg: DetectConfig, name: str, samples: list[Sample], skipped: list[str]) -> epochs.Split:
+    """A :class:`~common.loop.epochs.Split` of ``samples`` (of ``data_dir/name``)."""
     stats = load_stats(stats_path(cfg))
-    labeled = [s for s in train if s.labeled]
-    unlabeled = [s for s in train if not s.labeled]
+    return epochs.Split(name=name, where=f"{cfg.data.data_dir}/{name}", count=len(samples), items=samples,
+                        skipped=skipped,
+                        read=lambda dist, seed, training: _dataset(cfg, samples, stats, dist, seed, training))
+
+
+def build_datasets(cfg: DetectConfig, dist: Distributed) -> Datasets:
+    """Training batches of ``data.labeled_per_batch`` labeled samples (the epoch: one pass over them) filled
+    with unlabeled ones; validation on the labeled validation samples."""
+    data = cfg.data
+    skipped: list[str] = []
+    samples = split_samples(cfg, "train", dist, skipped)
+    numbering = samples[0].class_offset
+    labeled = samples_split(cfg, "train", [s for s in samples if s.labeled], skipped)
+    unlabeled = samples_split(cfg, "train", [s for s in samples if not s.labeled], [])
+    validation = split(cfg, "validation", dist, offset=numbering)
     n_labeled, n_unlabeled = batch_mix(cfg)
-    if n_unlabeled and not unlabeled:
+    if n_unlabeled and not unlabeled.count:
         raise DataError(f"{data.data_dir}/train: no unlabeled samples for data.labeled_per_batch="
                         f"{n_labeled} of data.batch_size={data.batch_size} (set data.use_unlabeled: false, or "
                         "hide labels with data.labeled_fraction)")
-    if n_labeled == 0 or not labeled:
+    if n_labeled == 0 or not labeled.count:
         raise DataError(f"{data.data_dir}/train: training needs labeled samples in every batch "
-                        f"({len(labeled)} labeled, data.labeled_per_batch={n_labeled})")
-    steps = steps_for(len(labeled), dist.size, n_labeled, "data.labeled_per_batch", f"{data.data_dir}/train")
-    valid_steps = steps_for(len(valid), dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
+                        f"({labeled.count} labeled, data.labeled_per_batch={n_labeled})")
     log.info(f"detection data: {data.data_dir}: ExtremeWeather layout, box columns {list(data.box_columns)}, "
-             f"classes numbered {numbering}-{3 + numbering}; {len(labeled)} labeled and {len(unlabeled)} unlabeled "
-             f"training samples, batches of {n_labeled} labeled + {n_unlabeled} unlabeled")
+             f"classes numbered {numbering}-{3 + numbering}; {labeled.count} labeled and {unlabeled.count} "
+             f"unlabeled training samples, batches of {n_labeled} labeled + {n_unlabeled} unlabeled")
 
-    def train_epoch(epoch):
-        seed_e = epoch_seed(seed, epoch)
-        stream = _dataset(cfg, labeled, stats, dist, seed_e, True).repeat().batch(n_labeled, drop_remainder=True)
-        if n_unlabeled:
-            extra = _dataset(cfg, unlabeled, stats, dist, seed_e + 1, True).repeat().batch(n_unlabeled,
-                                                                                           drop_remainder=True)
+    def batches(samples, training: bool, seed: int):
+        if not training:
+            return samples.batch(data.batch_size, drop_remainder=True)
+        stream = samples.batch(n_labeled, drop_remainder=True)
+        if n_unlabeled:   # the unlabeled samples cycle beside the epoch's labeled ones, shuffled by their own seed
+            extra = unlabeled.read(dist, seed + 1, True).repeat().batch(n_unlabeled, drop_remainder=True)
             stream = tf.data.Dataset.zip((stream, extra)).map(_concat)
         return stream
 
-    validation = _dataset(cfg, valid, stats, dist, seed, False).repeat().batch(data.batch_size, drop_remainder=True)
-    return Datasets(train_epoch=train_epoch, validation_batches=validation, cache_validation=True,
-                    steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
-                    global_batch_size=epochs.global_batch_size(data.batch_size, dist.size))
+    return epochs.training_datasets(labeled, validation, dist, cfg.train.seed, data.batch_size, batches,
+                                    train_take=n_labeled, train_key="data.labeled_per_batch", cache_validation=True)
 
 
-def evaluation_samples(cfg: DetectConfig, split: str = "test"):
+def evaluation_samples(cfg: DetectConfig, name: str = "test"):
     """(batched dataset of (images, {"detect": targets, "recon": images}), samples) of a split, in order."""
-    samples = [s for s in split_samples(cfg, split) if s.labeled]
-    if not samples:
-        raise DataError(f"{cfg.data.data_dir}/{split}: no labeled samples to evaluate")
-    stats = load_stats(stats_path(cfg))
-    dataset = _dataset(cfg, samples, stats, Distributed(), cfg.train.seed, False)
-    return dataset.batch(cfg.data.batch_size).prefetch(AUTOTUNE), samples
+    samples = split(cfg, name, Distributed())
+    if not samples.count:
+        raise DataError(f"{samples.where}: no labeled samples to evaluate")
+    return epochs.evaluation_walk(samples, cfg.data.batch_size, seed=cfg.train.seed), list(samples.items)
 
 
 def true_boxes(cfg: DetectConfig, sample: Sample) -> list[np.ndarray]:

@@ -39,8 +39,7 @@ from climate_seg.cam5.stats import class_counts_path, load_stats, read_sample, s
 from climate_seg.cam5.synth import generate_dataset
 from common.application import Datasets
 from common.loop import epochs
-from common.storage.data import (check_split_files, epoch_seed, read_at, select_count, shards_files, stage_files,
-                                 steps_for)
+from common.storage.data import check_split_files, read_at, select_count, shards_files, stage_files
 from common.storage.derived import writable_derived
 from common.distributed import Distributed
 from common.errors import DataError
@@ -271,51 +270,69 @@ def _batches(cfg: ClimateConfig, samples: tf.data.Dataset, training: bool, seed:
     return samples.batch(cfg.data.batch_size, drop_remainder=True)
 
 
+# The data key selecting what training uses of a split (evaluation walks every file).
+COUNT_KEYS = {"train": "n_train", "validation": "n_validation"}
+
+
+def split(cfg: ClimateConfig, name: str, dist: Distributed, selected: bool = False) -> epochs.Split:
+    """The samples of ``data_dir/name`` as the engine reads them: the screened files in name order (``selected``:
+    the first ``data.n_train`` / ``data.n_validation`` of them, what training uses), the bad ones (with
+    ``data.on_bad_file: skip``) in its ``skipped``."""
+    skipped: list[str] = []
+    files = split_files(cfg, name, dist, skipped)
+    where = f"{cfg.data.data_dir}/{name}"
+    if selected and name in COUNT_KEYS:
+        key = COUNT_KEYS[name]
+        files = files[:select_count(len(files), getattr(cfg.data, key), f"data.{key}", where)]
+    return _split_of(cfg, name, where, files, len(files), skipped)
+
+
+def _split_of(cfg: ClimateConfig, name: str, where: str, files: list[SampleFile], count: int, skipped: list[str],
+              staged: bool = False) -> epochs.Split:
+    stats = load_stats(stats_path(cfg))
+    return epochs.Split(name=name, where=where, count=count, items=files, skipped=skipped,
+                        read=lambda dist, seed, training: _samples(cfg, files, stats, dist, seed, training, staged))
+
+
+def staged(cfg: ClimateConfig, train: epochs.Split, dist: Distributed) -> epochs.Split:
+    """``train`` read from this rank's copies in ``data.stage_dir`` (rank r takes files r, r + size, ...)."""
+    files = list(train.items)
+    copies = stage_files([f.path for f in files], cfg.data.stage_dir, dist, data_dir=cfg.data.data_dir)
+    mine = [dataclasses.replace(f, path=c) for f, c in zip(files[dist.rank::dist.size], copies)]
+    return _split_of(cfg, train.name, train.where, mine, train.count, train.skipped, staged=True)
+
+
 def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
     data = cfg.data
-    seed = cfg.train.seed
-    bad: list[str] = []
-    train_files = split_files(cfg, "train", dist, bad)
-    valid_files = split_files(cfg, "validation", dist, bad)
-    n_train = select_count(len(train_files), data.n_train, "data.n_train", f"{data.data_dir}/train")
-    n_valid = select_count(len(valid_files), data.n_validation, "data.n_validation", f"{data.data_dir}/validation")
-    train_files, valid_files = train_files[:n_train], valid_files[:n_valid]
-    stats = load_stats(stats_path(cfg))
-    layout = "SC18 (climate/data 16 x H x W, climate/labels)" if train_files[0].channels_first else \
+    train = split(cfg, "train", dist, selected=True)
+    validation = split(cfg, "validation", dist, selected=True)
+    layout = "SC18 (climate/data 16 x H x W, climate/labels)" if train.items[0].channels_first else \
         "DeepCAM (climate/data H x W x 16, climate/labels_0)"
+    stats = load_stats(stats_path(cfg))
     log.info(f"climate data: {data.data_dir}: {layout} samples; statistics {stats_path(cfg)} ({stats['format']}), "
              f"{data.normalization} normalisation")
-    if not raw_readable(train_files + valid_files):
+    if not raw_readable([*train.items, *validation.items]):
         log.info(f"note: {data.data_dir} holds chunked or compressed samples; reading them with h5py "
                  "(serialised on the GIL; climate_seg.cam5.convert writes contiguous files)")
-    steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
-    valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
-
-    staged = bool(data.stage_dir)
-    if staged:
-        copies = stage_files([f.path for f in train_files], data.stage_dir, dist, data_dir=data.data_dir)
-        train_files = [dataclasses.replace(f, path=c) for f, c in zip(train_files[dist.rank::dist.size], copies)]
-
-    def train_epoch(epoch):
-        seed_e = epoch_seed(seed, epoch)
-        samples = epochs.epoch_samples(_samples(cfg, train_files, stats, dist, seed_e, True, staged), steps,
-                                       data.batch_size)
-        return _batches(cfg, samples, True, seed_e)
-
-    validation = _batches(cfg, _samples(cfg, valid_files, stats, dist, seed, False).repeat(), False, seed)
-    return Datasets(train_epoch=train_epoch, validation_batches=validation, cache_validation=True,
-                    steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
-                    global_batch_size=epochs.global_batch_size(data.batch_size, dist.size))
+    if data.stage_dir:   # the counts checked before the copy: a batch the data cannot fill fails first
+        for checked in (train, validation):
+            epochs.steps(checked, dist.size, data.batch_size)
+        train = staged(cfg, train, dist)
+    return epochs.training_datasets(train, validation, dist, cfg.train.seed, data.batch_size,
+                                    lambda samples, training, seed: _batches(cfg, samples, training, seed),
+                                    cache_validation=True)
 
 
-def evaluation_dataset(cfg: ClimateConfig, split: str = "test") -> tuple[tf.data.Dataset, list[str]]:
+def evaluation_dataset(cfg: ClimateConfig, name: str = "test") -> tuple[tf.data.Dataset, list[str]]:
     """Every sample of a split in name order, batched: (fields, labels); and the file names."""
-    files = split_files(cfg, split)
-    stats = load_stats(stats_path(cfg))
-    samples = _samples(cfg, files, stats, Distributed(), cfg.train.seed, training=False)
+    samples = split(cfg, name, Distributed())
     shape = cfg.data.input_shape
-    samples = samples.map(lambda x, y: (tf.ensure_shape(x, shape), tf.ensure_shape(y, shape[:2])))
-    return samples.batch(cfg.data.batch_size).prefetch(AUTOTUNE), [f.path for f in files]
+
+    def shaped(x, y):
+        return tf.ensure_shape(x, (None, *shape)), tf.ensure_shape(y, (None, *shape[:2]))
+
+    return (epochs.evaluation_walk(samples, cfg.data.batch_size, shaped, seed=cfg.train.seed),
+            [f.path for f in samples.items])
 
 
 def check_data(cfg: ClimateConfig) -> tuple[int, list[str]]:
