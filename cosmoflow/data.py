@@ -5,8 +5,13 @@ Within ``data.format`` (tfrecord or hdf5) the variant is told by the files'
 content (a :class:`~cosmoflow.formats.layout.SampleLayout`), never by their
 names; each variant is a module of ``cosmoflow/formats/`` (MLPerf, float-list
 and SC18 TFRecords, raw and split HDF5, the raw staged copy), listed once in
-``cosmoflow/formats/__init__.py``.  This module asks that registry and builds
-the pipeline: select, shard, stage, shuffle, augment, batch, normalise.
+``cosmoflow/formats/__init__.py``.  This module asks that registry, hands the
+engine each split as an :class:`epochs.Split <common.loop.epochs.Split>`
+(:func:`split`: the files selected and checked, this rank's samples read, the
+training copies staged) and keeps the batches hook (:func:`_pipeline`: shuffle,
+augment, batch, normalise); the engine (:mod:`common.loop.epochs`) owns the
+epoch: steps, epoch seeds, the cut before the shuffle, validation, the
+evaluation walk.
 
 Targets are picked by name (``data.target_names``) from the file order
 (``namePar``, else ``data.file_target_names``, else the MLPerf order) and
@@ -23,6 +28,7 @@ if __name__ == "__main__":
     raise SystemExit(main(DatasetFiles("CosmoFlow", ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.h5", "*.hdf5")),
                           prog="python -m cosmoflow.data"))
 
+import dataclasses
 import logging
 import math
 import pathlib
@@ -38,8 +44,8 @@ from common.loop import epochs
 from common.distributed import Distributed
 from common.errors import DataError
 from common.nn.precision import compute_dtype
-from common.storage.data import (check_split_files, epoch_seed, list_files, screen_files, select_count, shards_files,
-                                 shuffled_shards, stage_files, steps_for)
+from common.storage.data import (check_split_files, list_files, screen_files, select_count, shards_files,
+                                 shuffled_shards, stage_files)
 from common.storage.tfrecord import first_bad_file, read_records, scan_tfrecord
 from cosmoflow import formats
 from cosmoflow.config import CosmoflowConfig
@@ -328,86 +334,116 @@ def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, se
                        num_parallel_calls=AUTOTUNE)
 
 
-def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
-    """Training (repeating) and validation pipelines for this rank."""
-    data = cfg.data
-    seed = cfg.train.seed
-    train_files, n_train, train_index, train_bad, layout = _split_samples(cfg, "train", data.n_train, "data.n_train",
-                                                                          dist)
-    valid_files, n_valid, valid_index, valid_bad, valid_layout = _split_samples(cfg, "validation", data.n_valid,
-                                                                                "data.n_valid", dist)
-    if valid_layout != layout:
-        raise DataError(f"{data.data_dir}: train/ holds {layout.describe()}, validation/ {valid_layout.describe()}")
-    steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/train")
-    valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir}/validation")
-    log.info(f"cosmoflow data: {data.data_dir}: {layout.describe()}; predicting {data.target_names}")
+@dataclasses.dataclass
+class CosmoflowSplit(epochs.Split):
+    """A split as the engine takes it, with the layout its files hold (what its batches are finished by)."""
 
-    train_compression = data.compression
-    # data.stage_decompress (GZIP TFRecords, by the config): the variant's staged copy, else inflated TFRecords
+    layout: SampleLayout | None = None
+
+
+# The setting that selects the first samples of a split for training (all of them when it is unset).
+COUNT_KEYS = {"train": "n_train", "validation": "n_valid"}
+
+
+def split(cfg: CosmoflowConfig, name: str, dist: Distributed, selected: bool = False) -> CosmoflowSplit:
+    """The ``name`` subfolder of ``data.data_dir`` as the engine takes it: its files listed and checked, every
+    sample or, ``selected``, the first ``data.n_train`` / ``data.n_valid`` (what training uses), read in file
+    order or shuffled (:func:`_records`).  ``items``: the files, or (file, crop) pairs for HDF5."""
+    data = cfg.data
+    requested = getattr(data, COUNT_KEYS[name]) if selected else None
+    key = f"data.{COUNT_KEYS[name]}" if selected else "data"
+    files, used, index, problems, layout = _split_samples(cfg, name, requested, key, dist)
+
+    def read(dist: Distributed, seed, training: bool):
+        return _records(cfg, files, index, dist, seed, training, layout)
+
+    def find_bad_file():   # after a TF read error: re-read the files, checksums and all
+        return first_bad_file(files, data.compression)
+
+    return CosmoflowSplit(name=name, where=f"{data.data_dir}/{name}", count=used, read=read,
+                          items=files if index is None else index, skipped=problems,
+                          find_bad_file=find_bad_file if data.format == "tfrecord" else None, layout=layout)
+
+
+def staged(cfg: CosmoflowConfig, train: CosmoflowSplit, dist: Distributed) -> CosmoflowSplit:
+    """``train`` (TFRecords) read from this rank's copies in ``data.stage_dir`` (a fixed share, shuffled per
+    epoch), staged now: inflated TFRecords, or with ``data.stage_decompress`` the variant's own staged copy
+    (``cosmoflow/formats/``) where it has one."""
+    data = cfg.data
+    layout = train.layout
     staged_copy = formats.STAGED_AS.get(layout.kind) if data.stage_decompress else None
     raw = staged_copy.staged_format(cfg, layout) if staged_copy else None
+    files = stage_files(list(train.items), data.stage_dir, dist, decompress=data.stage_decompress,
+                        staged_format=raw, data_dir=data.data_dir)
+    if raw:
+        table = staged_copy.sample_table(cfg, files, dist, layout)
+        # raw staged copies name their file themselves, and are no TFRecords: no finder
+        return dataclasses.replace(train, items=files, find_bad_file=None, read=lambda dist, seed, training:
+                                   staged_copy.read_samples(cfg, table, dist, seed, layout))
+    compression = "none" if data.stage_decompress else data.compression
+
+    def read(dist: Distributed, seed, training: bool):
+        return _records(cfg, files, None, dist, seed, training, layout,
+                        compression="GZIP" if compression == "gzip" else "")
+
+    return dataclasses.replace(train, items=files, read=read,
+                               find_bad_file=lambda: first_bad_file(files, compression))
+
+
+def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
+    """Training epochs and validation batches for this rank: the engine's (:func:`epochs.training_datasets
+    <common.loop.epochs.training_datasets>`) over :func:`split` s, batched by :func:`_pipeline`."""
+    data = cfg.data
+    train = split(cfg, "train", dist, selected=True)
+    validation = split(cfg, "validation", dist, selected=True)
+    layout = train.layout
+    if validation.layout != layout:
+        raise DataError(f"{data.data_dir}: train/ holds {layout.describe()}, validation/ {validation.layout.describe()}")
+    for each in (train, validation):   # before staging copies anything: a batch the splits cannot fill is named
+        epochs.steps(each, dist.size, data.batch_size)
+    log.info(f"cosmoflow data: {data.data_dir}: {layout.describe()}; predicting {data.target_names}")
     if data.stage_dir and data.format == "tfrecord":
-        train_files = stage_files(train_files, data.stage_dir, dist, decompress=data.stage_decompress,
-                                  staged_format=raw, data_dir=data.data_dir)
-        train_compression = "none" if data.stage_decompress else data.compression
-    raw_table = staged_copy.sample_table(cfg, train_files, dist, layout) if raw else None
-
-    def train_epoch(epoch):
-        seed_e = epoch_seed(seed, epoch)
-        records = (staged_copy.read_samples(cfg, raw_table, dist, seed_e, layout) if raw else _records(
-            cfg, train_files, train_index, dist, seed_e, True, layout,
-            compression="GZIP" if train_compression == "gzip" else ""))
-        return _pipeline(cfg, epochs.epoch_samples(records, steps, data.batch_size), training=True, seed=seed_e,
-                         layout=layout)
-
-    valid_records = _records(cfg, valid_files, valid_index, dist, seed, False, layout).repeat(2)
-    validation = _pipeline(cfg, valid_records, training=False, seed=seed, layout=layout)
-    find_bad_file = None
-    if data.format == "tfrecord":
-        def find_bad_file():   # after a TF read error: re-read the files this rank reads, checksums and all
-            # (raw staged copies name their file themselves, and are no TFRecords)
-            return (None if raw else first_bad_file(train_files, train_compression)) or \
-                first_bad_file(valid_files, data.compression)
-    return Datasets(train_epoch=train_epoch, validation_batches=validation, steps_per_epoch=steps,
-                    validation_steps=valid_steps, global_batch_size=epochs.global_batch_size(data.batch_size, dist.size),
-                    skipped_files=train_bad + valid_bad, find_bad_file=find_bad_file)
+        train = staged(cfg, train, dist)
+    return epochs.training_datasets(train, validation, dist, cfg.train.seed, data.batch_size,
+                                    lambda samples, training, seed: _pipeline(cfg, samples, training, seed, layout))
 
 
-def evaluation_dataset(cfg: CosmoflowConfig, split: str = "validation") -> tuple[tf.data.Dataset, int]:
-    """Every sample of a split, in file order, in batches (the last one may be short)."""
-    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed())
-    records = _records(cfg, files, index, Distributed(), cfg.train.seed, False, layout)
-    dataset = records.batch(cfg.data.batch_size).map(_inputs_and_targets(cfg, layout), num_parallel_calls=AUTOTUNE)
-    return dataset.prefetch(AUTOTUNE), used
+def evaluation_dataset(cfg: CosmoflowConfig, name: str = "validation") -> tuple[tf.data.Dataset, int]:
+    """Every sample of a split, in file order, in batches (the last one may be short), and their count: the
+    engine's :func:`evaluation walk <common.loop.epochs.evaluation_walk>`."""
+    samples = split(cfg, name, Distributed())
+    return epochs.evaluation_walk(samples, cfg.data.batch_size, _inputs_and_targets(cfg, samples.layout),
+                                  seed=cfg.train.seed), samples.count
 
 
-def raw_samples(cfg: CosmoflowConfig, split: str = "validation"):
+def raw_samples(cfg: CosmoflowConfig, name: str = "validation"):
     """Every sample of a split as stored (the volume before normalisation, its selected targets), in file
     order, as numpy arrays (for analyses outside the network: ``cosmoflow.information``)."""
-    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed())
+    samples = split(cfg, name, Distributed())
+    layout = samples.layout
     targets = targets_transform(cfg, layout)
-    records = _records(cfg, files, index, Distributed(), cfg.train.seed, False, layout).take(used)
-    for x, y, name, sized in records:
+    for x, y, file, sized in samples.read(Distributed(), cfg.train.seed, False).take(samples.count):
         if not sized:
-            raise DataError(f"{name.numpy().decode()}: a record holds x or y of another size than "
+            raise DataError(f"{file.numpy().decode()}: a record holds x or y of another size than "
                             f"{layout.file_format} with data.sample_shape {list(cfg.data.sample_shape)}")
         yield x.numpy(), targets(y).numpy()
 
 
-def read_targets(cfg: CosmoflowConfig, split: str) -> np.ndarray:
+def read_targets(cfg: CosmoflowConfig, name: str) -> np.ndarray:
     """All normalised targets of a split (for baselines), selected as configured."""
-    files, used, index, _, layout = _split_samples(cfg, split, None, "data", Distributed())
+    samples = split(cfg, name, Distributed())
+    layout = samples.layout
     if cfg.data.format == "hdf5":
-        per_file = {path: formats.hdf5.read_targets(path, layout) for path in files}
-        ys = np.stack([per_file[p] for p, _ in index])
+        per_file = {path: formats.hdf5.read_targets(path, layout) for path in dict.fromkeys(p for p, _ in samples.items)}
+        ys = np.stack([per_file[p] for p, _ in samples.items])
     else:
-        raw = tf.data.TFRecordDataset(files, compression_type=formats.tfrecord.compression_type(cfg.data))
+        raw = tf.data.TFRecordDataset(list(samples.items), compression_type=formats.tfrecord.compression_type(cfg.data))
         shape = tuple(cfg.data.sample_shape)
         parsed = [parse_example(r, shape, layout) for r in raw]
         if not all(bool(sized) for _, _, sized in parsed):
-            raise DataError(f"{cfg.data.data_dir}/{split}: a record holds x or y of another size than the layout's "
+            raise DataError(f"{cfg.data.data_dir}/{name}: a record holds x or y of another size than the layout's "
                             "(python -m common.tools.check_data names it)")
-        ys = np.stack([y.numpy() for _, y, _ in parsed])[:used]
+        ys = np.stack([y.numpy() for _, y, _ in parsed])[:samples.count]
     return targets_transform(cfg, layout)(ys).numpy()
 
 

@@ -14,7 +14,10 @@ way round.  1 or 3 channels, divided by
 the training-set maximum of each channel (``python -m hep_cnn.maxima``, stored
 beside the data).  Event weights are normalised as configured (none, w / max,
 log1p).  Splits: files named ``*train*``, ``*val*``, ``*test*``, or all files'
-events in order cut by ``data.fractions``.
+events in order cut by ``data.fractions``; each is handed to the engine as an
+:class:`epochs.Split <common.loop.epochs.Split>` of chunks (:func:`split`), which
+owns the epoch (steps, epoch seeds, the cut before the shuffle, validation, the
+evaluation walk); this module keeps the batches hook (:func:`_batches`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import tensorflow as tf
 
 from common.application import Datasets
 from common.loop import epochs
-from common.storage.data import check_quietly, epoch_seed, list_files, reading, screen_files, select_count, steps_for
+from common.storage.data import check_quietly, list_files, reading, screen_files, select_count
 from common.storage.derived import derived_dir, derived_file, writable_derived
 from common.storage.outputs import check_replaceable, write_json
 from common.distributed import Distributed
@@ -356,36 +359,41 @@ def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed) -> t
     return events.map(training_example(cfg), num_parallel_calls=AUTOTUNE).batch(data.batch_size, drop_remainder=True)
 
 
-def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
+# The setting that selects the first events of a split for training (all of them when it is unset).
+COUNT_KEYS = {"train": "n_train", "validation": "n_validation"}
+
+
+def split(cfg: HepConfig, name: str, dist: Distributed, selected: bool = False) -> epochs.Split:
+    """One split's events as the engine takes them: its chunks (:func:`split_chunks`; ``items``), every event
+    or, ``selected``, the first ``data.n_train`` / ``data.n_validation`` (what training uses), read in file
+    order or chunks shuffled (:func:`_events`), scaled by the training-set maxima."""
     data = cfg.data
-    seed = cfg.train.seed
     bad: list[str] = []
-    train_chunks, n_train = limit_chunks(split_chunks(cfg, "train", dist, bad), data.n_train, "data.n_train",
-                                         data.data_dir)
-    valid_chunks, n_valid = limit_chunks(split_chunks(cfg, "validation", dist, bad), data.n_validation,
-                                         "data.n_validation", data.data_dir)
+    chunks = split_chunks(cfg, name, dist, bad)
+    if selected:
+        chunks, count = limit_chunks(chunks, getattr(data, COUNT_KEYS[name]), f"data.{COUNT_KEYS[name]}",
+                                     data.data_dir)
+    else:
+        count = sum(c.stop - c.start for c in chunks)
     maxima = load_maxima(cfg)
-    steps = steps_for(n_train, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (train)")
-    valid_steps = steps_for(n_valid, dist.size, data.batch_size, "data.batch_size", f"{data.data_dir} (validation)")
-    def train_epoch(epoch):
-        seed_e = epoch_seed(seed, epoch)
-        events = epochs.epoch_samples(_events(cfg, train_chunks, maxima, dist, seed_e, True), steps, data.batch_size)
-        return _batches(cfg, events, True, seed_e)
-
-    validation = _batches(cfg, _events(cfg, valid_chunks, maxima, dist, seed, False).repeat(2), False, seed)
-    return Datasets(train_epoch=train_epoch, validation_batches=validation,
-                    steps_per_epoch=steps, validation_steps=valid_steps, skipped_files=bad,
-                    global_batch_size=epochs.global_batch_size(data.batch_size, dist.size))
+    return epochs.Split(name=name, where=f"{data.data_dir} ({name})", count=count, items=chunks, skipped=bad,
+                        read=lambda dist, seed, training: _events(cfg, chunks, maxima, dist, seed, training))
 
 
-def evaluation_events(cfg: HepConfig, split: str = "test"):
-    """Every event of a split in file order: batches of (images, labels, raw weights, pass_sr)."""
-    chunks = split_chunks(cfg, split)
-    maxima = load_maxima(cfg)
+def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
+    """Training epochs and validation batches for this rank: the engine's (:func:`epochs.training_datasets
+    <common.loop.epochs.training_datasets>`) over :func:`split` s, batched by :func:`_batches`."""
+    train, validation = split(cfg, "train", dist, selected=True), split(cfg, "validation", dist, selected=True)
+    return epochs.training_datasets(train, validation, dist, cfg.train.seed, cfg.data.batch_size,
+                                    lambda events, training, seed: _batches(cfg, events, training, seed))
+
+
+def evaluation_events(cfg: HepConfig, name: str = "test"):
+    """Every event of a split in file order: batches of (images, labels, raw weights, pass_sr), the engine's
+    :func:`evaluation walk <common.loop.epochs.evaluation_walk>`."""
     raw = cfg.model_copy(deep=True)
     raw.data.weight_normalization = "none"
-    events = _events(raw, chunks, maxima, Distributed(), cfg.train.seed, training=False)
-    return events.batch(cfg.data.batch_size).prefetch(AUTOTUNE)
+    return epochs.evaluation_walk(split(raw, name, Distributed()), cfg.data.batch_size, seed=cfg.train.seed)
 
 
 def check_data(cfg: HepConfig) -> tuple[int, list[str]]:
