@@ -24,8 +24,9 @@ from common.config import instance_configs, load_config, read_yaml
 from common.deferred import DeferredModule
 from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
                            Preempted, UserInputError)
-from common.instances import run_instances
+from common.instances import JobFolder, run_instances
 from common.loop.preemption import StopRequest
+from common.loop.run_folder import RunFolder
 from common.storage import scratch
 
 # TensorFlow and Horovod load only once the arguments and the config are checked: --help and config errors answer
@@ -178,9 +179,15 @@ def run_train(package: str, argv=None) -> int:
             print(json.dumps(description), flush=True)
             return 0
 
+        output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
+        # The folder's checks that only read, on every rank before the start-up: a refusal in a second (the
+        # claim repeats them under the folder's lock).
+        if cfg.distributed.instances > 1:
+            JobFolder(app, output_dir, cfg.distributed.instances, args.resume, args.force).check()
+        else:
+            RunFolder(app, cfg, output_dir, args.resume, args.force).check()
         dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
                                 groups=cfg.distributed.groups, instances=cfg.distributed.instances)
-        output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
 
         def train_one(app, cfg, dist, run_dir, gate=None):
             return _train_and_report(app, cfg, dist, run_dir, args, stop_request, gate)

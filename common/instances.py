@@ -53,14 +53,19 @@ class JobFolder:
         self.created: list[pathlib.Path] = []   # by the claim: the lock file, the folders (innermost first)
         self.committed = False
 
+    def check(self) -> None:
+        """The claim's checks that only read: every rank makes them before TensorFlow and Horovod load
+        (``common.cli``); the claim makes them again, and its verdict is the one that counts."""
+        outputs.check_writable_folder(self.output_dir, "--output-dir")
+        outputs.check_run_dir(self.output_dir, self.resume, self.force)
+        outputs.check_run_kind(self.output_dir, "instances", self.resume, self.instances)
+        outputs.check_run_files(self.output_dir, [INSTANCES_JSON], self.force)
+
     def claim(self) -> str | None:
         """None, or the one-line reason the folder is refused (nothing written then)."""
         output_dir = self.output_dir
         try:
-            outputs.check_writable_folder(output_dir, "--output-dir")
-            outputs.check_run_dir(output_dir, self.resume, self.force)
-            outputs.check_run_kind(output_dir, "instances", self.resume, self.instances)
-            outputs.check_run_files(output_dir, [INSTANCES_JSON], self.force)
+            self.check()
             missing = [folder for folder in (output_dir, *output_dir.parents) if not folder.exists()]
             output_dir.mkdir(parents=True, exist_ok=True)
             lock_path = output_dir / outputs.RUN_LOCK

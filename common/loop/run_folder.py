@@ -20,10 +20,13 @@ import pathlib
 
 from common.config import AppConfig, save_config
 from common.errors import UserInputError
-from common.loop import attempts, records
+from common.deferred import DeferredModule
+from common.loop import attempts
 from common.storage import checkpoint, outputs
 
 log = logging.getLogger(__name__)
+# Keras (its callbacks) at the first start: the folder's checks run before TensorFlow loads (common.cli).
+records = DeferredModule("common.loop.records")
 
 
 @dataclasses.dataclass
@@ -81,11 +84,32 @@ class RunFolder:
         self._claim = verdict
         return verdict
 
-    def _claim_on_root(self, kind: str) -> Claim:
+    def check(self, kind: str = "run") -> pathlib.Path | None:
+        """The claim's checks that only read (the newest checkpoint found, or None).  Every rank makes them
+        before TensorFlow and Horovod load (``common.cli``), so that a refused folder answers in a second
+        rather than after the start-up; the claim makes them again under the folder's lock, and its verdict is
+        the one that counts."""
         path, resume, force = self.path, self.resume, self.force
         outputs.check_writable_folder(path, "--output-dir")
         outputs.check_run_dir(path, resume, force)
         outputs.check_run_kind(path, kind, resume)
+        latest = checkpoint.latest_checkpoint(self.checkpoints)
+        if latest is not None and not resume and not force:
+            raise UserInputError(f"{path}: holds checkpoints of an earlier run ({latest.name}); pass --resume to "
+                                 "continue it, --force to start afresh, or choose another --output-dir")
+        if latest is not None and not outputs.written_by_suite(self.checkpoints):
+            raise UserInputError(f"{self.checkpoints}: holds checkpoints this suite did not mark as its own "
+                                 f"({latest.name}); not {'resumed' if resume else 'removed'}: choose another "
+                                 "--output-dir")
+        names, mlperf_path = run_file_names(self.app, self.cfg, path)
+        outputs.check_run_files(path, names, force)
+        if mlperf_path is not None and mlperf_path.name not in names:
+            self._check_external_log(mlperf_path)
+        return latest
+
+    def _claim_on_root(self, kind: str) -> Claim:
+        path = self.path
+        self.check(kind)
         missing = [folder for folder in (path, *path.parents) if not folder.exists()]
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -98,20 +122,9 @@ class RunFolder:
             log.warning(self._lock.warning)
         for stale in checkpoint.remove_stale_temporaries(self.checkpoints):
             log.warning(f"removed {stale.name}, left by a checkpoint write that was killed")
-        latest = checkpoint.latest_checkpoint(self.checkpoints)
-        earlier_run = latest is not None and not resume
-        if earlier_run and not force:
-            raise UserInputError(f"{path}: holds checkpoints of an earlier run ({latest.name}); pass --resume to "
-                                 "continue it, --force to start afresh, or choose another --output-dir")
-        if latest is not None and not outputs.written_by_suite(self.checkpoints):
-            raise UserInputError(f"{self.checkpoints}: holds checkpoints this suite did not mark as its own "
-                                 f"({latest.name}); not {'resumed' if resume else 'removed'}: choose another "
-                                 "--output-dir")
+        latest = self.check(kind)   # again, under the lock: what another process did meanwhile counts
         names, mlperf_path = run_file_names(self.app, self.cfg, path)
-        outputs.check_run_files(path, names, force)
-        if mlperf_path is not None and mlperf_path.name not in names:
-            self._check_external_log(mlperf_path)
-        return Claim(latest, earlier_run, names, mlperf_path, kind)
+        return Claim(latest, latest is not None and not self.resume, names, mlperf_path, kind)
 
     def _check_external_log(self, log_path: pathlib.Path) -> None:
         """An MLPerf log outside the run folder must be a new file, or (``--resume``) the one this folder's
