@@ -81,6 +81,31 @@ class Evaluator:
 
 
 @dataclasses.dataclass(frozen=True)
+class Predictor:
+    """What one application's prediction on new files is (``python -m <app>.predict``; the driver is
+    :mod:`common.predict`, which owns the inputs, the ranks, the output folder and the index)."""
+
+    tool: str                                   # "<app>.predict": the mark its files carry
+    schema: type                                # the application's config schema
+    what: str                                   # what its inputs are, for messages ("CosmoFlow volume")
+    patterns: tuple[str, ...]                   # the files taken from a folder given as --input
+    inspect: Callable[[Any, Any], Any]          # (cfg, path) -> what predict needs of it; a DataError naming it
+    outputs: Callable[[Any, Any], tuple]        # (cfg, common.predict.Input) -> the names written for it
+    predict: Callable[..., dict]                # (writer, cfg, model, Input, options) -> its row of the index
+    report: Callable[[dict], list[str]]         # the index -> the lines printed
+    add_options: Callable[[Any], None] | None = None   # argparse parser -> its own options
+    # (cfg, model, options): what every input shares, before the output folder is claimed (a refusal there
+    # leaves it as it was)
+    prepare: Callable[[Any, Any, Any], None] | None = None
+    description: str = ""
+
+    @property
+    def application(self) -> str:
+        """The package whose run it applies (the first part of ``tool``)."""
+        return self.tool.split(".")[0]
+
+
+@dataclasses.dataclass(frozen=True)
 class Parts:
     """The TensorFlow half of an application: what its ``parts`` function imports and returns."""
 
@@ -113,6 +138,7 @@ class Application:
     config_schema: type                                   # a common.config.AppConfig subclass
     parts: Callable[[], Parts]                            # imports the TensorFlow half, returns it
     evaluation: Evaluator | None = None
+    prediction: Predictor | None = None
     default_config: pathlib.Path | None = None
     mlperf: MlperfSpec | None = None
     published_rate: PublishedRate | None = None

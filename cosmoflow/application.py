@@ -8,6 +8,7 @@ import pathlib
 from common.application import Application, MlperfSpec, Parts, PublishedRate
 from cosmoflow.config import CosmoflowConfig
 from cosmoflow.evaluate import EVALUATOR
+from cosmoflow.predict import PREDICTOR
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -31,6 +32,7 @@ APPLICATION = Application(
     config_schema=CosmoflowConfig,
     parts=parts,
     evaluation=EVALUATOR,
+    prediction=PREDICTOR,
     default_config=REPO_ROOT / "configs" / "cosmoflow" / "demo.yaml",
     mlperf=MlperfSpec(benchmark="cosmoflow", metric_key="eval_error", logs_key="val_mae", target=0.124,
                       hyperparameters=_mlperf_hyperparameters),

@@ -528,3 +528,50 @@ def input_ceiling(cfg: CosmoflowConfig, samples: int) -> dict:
     seconds = time.perf_counter() - start
     return {"samples_per_second": done / seconds, "samples": done, "seconds": seconds,
             "bytes_per_sample": math.prod(data.sample_shape) * 2}
+
+
+# -- prediction: one file of any layout the readers take ---------------------------------
+
+def file_split(cfg: CosmoflowConfig, path) -> tuple[CosmoflowSplit, CosmoflowConfig]:
+    """One file as the engine takes it, whatever ``data.format`` the run trained on, and the config its samples
+    are read by (the run's, with the file's format).  The format is told by the file's content: HDF5 (split
+    crops, or a raw universe cut into crops of ``data.sample_shape`` in C order over the crop grid, as
+    prepare.py cuts them; without ``unitPar`` / ``y`` too) or a TFRecord variant (GZIP when it starts as
+    GZIP does).  Every sample, in file order.  A DataError naming the file when the readers cannot take it."""
+    path = str(path)
+    if formats.hdf5.is_hdf5(path):
+        file_format, compression = "hdf5", "none"
+    else:
+        with open(path, "rb") as handle:
+            compression = "gzip" if handle.read(2) == b"\x1f\x8b" else "none"
+        file_format = "tfrecord"
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"format": file_format,
+                                                                     "compression": compression})})
+    if file_format == "hdf5":
+        crops, layout = formats.hdf5.file_layout(path, cfg, require_targets=False)
+        count, index = crops, [(path, crop) for crop in range(crops)]
+    else:
+        count, index = scan_tfrecord(path, compression), None
+        layout = formats.record_layout(path, cfg)
+
+    def read(dist: Distributed, seed, training: bool):
+        return _records(cfg, [path], index, dist, seed, training, layout)
+
+    return CosmoflowSplit(name="predict", where=path, count=count, read=read, items=[path] if index is None else index,
+                          layout=layout), cfg
+
+
+def prediction_inputs(cfg: CosmoflowConfig, layout: SampleLayout):
+    """(x, y, files, sized) batch -> (x normalised as :func:`evaluation_dataset` hands it to the network, the
+    stored targets of ``data.target_names`` in the file's units: none for a file without targets), checked as
+    evaluation checks them (:func:`check_batch`) except the targets' range, which prediction does not use."""
+    data = cfg.data
+    index = tf.constant([layout.targets.index(n) for n in data.target_names] if layout.targets else [], tf.int32)
+    expected = f"{layout.file_format}, data.sample_shape {list(data.sample_shape)}, {len(layout.targets)} targets"
+
+    def finish(x, y, files, sized):
+        stored = tf.gather(y, index, axis=-1)
+        zero = check_batch(x, stored, files, sized, math.inf, expected)
+        return normalise(x, data.apply_log), stored + zero
+
+    return finish

@@ -8,6 +8,7 @@ import pathlib
 from common.application import Application, Parts
 from hep_cnn.config import HepConfig
 from hep_cnn.evaluate import EVALUATOR
+from hep_cnn.predict import PREDICTOR
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -27,5 +28,6 @@ APPLICATION = Application(
     config_schema=HepConfig,
     parts=parts,
     evaluation=EVALUATOR,
+    prediction=PREDICTOR,
     default_config=REPO_ROOT / "configs" / "hep_cnn" / "demo.yaml",
 )

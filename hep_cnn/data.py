@@ -304,8 +304,11 @@ def normalise_weights(weights, mode: str, weight_max: float):
 
 # -- tf.data ------------------------------------------------------------------------------
 
-def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed, seed, training: bool):
-    """Per-event (image, label, weight, pass_sr) for this rank; chunks shuffled with ``seed`` when training."""
+def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed, seed, training: bool,
+            reader=None):
+    """Per-event (image, label, weight, pass_sr) for this rank; chunks shuffled with ``seed`` when training.
+    ``reader``: what reads a chunk (default :func:`read_chunk_stored`; new events: :func:`read_chunk_unlabelled`)."""
+    reader = reader or read_chunk_stored
     data = cfg.data
     shape = (data.image_size, data.image_size, data.channels)
     scale = np.array(maxima["channel_max"][:data.channels], np.float32) if data.scale_by_maxima else None
@@ -321,7 +324,7 @@ def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed
 
     def read(path, start, stop, layout):
         images, labels, weights, pass_sr = tf.numpy_function(
-            lambda p, a, b, lay: read_chunk_stored(p.decode(), int(a), int(b), lay.decode(), data.channels),
+            lambda p, a, b, lay: reader(p.decode(), int(a), int(b), lay.decode(), data.channels),
             [path, start, stop, layout], [tf.float32, tf.int32, tf.float32, tf.int32], stateful=False)
         images.set_shape((None, data.channels, None, None))
         for t in (labels, weights, pass_sr):
@@ -441,3 +444,51 @@ def prepare_data(cfg: HepConfig) -> None:
         # Into the folder this call generated (the suite's own), else the derived folder: never a user's data folder.
         maxima = write_maxima(cfg, path=directory / data.maxima_file if generated else None)
         log.info(f"computed training-set maxima {maxima['channel_max']} into {maxima_path(cfg)}")
+
+
+# -- new events (python -m hep_cnn.predict) ---------------------------------------------
+
+# What a file of new events may lack: only its images are needed.  A column it lacks comes out of
+# read_chunk_unlabelled as this value.
+ABSENT = {"label": -1, "weight": np.nan, "pass_sr": -1}
+
+
+def read_chunk_unlabelled(path: str, start: int, stop: int, layout: str, channels: int):
+    """:func:`read_chunk_stored` for new events, whose labels, weights and passSR may be absent: one that is
+    absent comes out as :data:`ABSENT`'s value; the images and what is present are checked as for training."""
+    keys = LAYOUT_KEYS[layout]
+    with reading(path, f"events {start}-{stop}"), h5py.File(path, "r") as f:
+        labelled = all(keys[name] in f for name in ABSENT)
+    if labelled:   # what evaluate reads, read the same way
+        return read_chunk_stored(path, start, stop, layout, channels)
+    with reading(path, f"events {start}-{stop}"), h5py.File(path, "r") as f:
+        if layout == "benchmark":
+            images = f["data"][start:stop, :channels]
+        else:
+            images = np.stack([f[k][start:stop] for k in keys["images"][:channels]], axis=1)
+        present = {name for name in ABSENT if keys[name] in f}
+        columns = {name: f[keys[name]][start:stop] if name in present else np.full(stop - start, value)
+                   for name, value in ABSENT.items()}
+    where = f"{path} events {start}-{stop}"
+    if not np.all(np.isfinite(images)):
+        raise DataError(f"{where}: images hold NaN or Inf")
+    if "label" in present and not np.all(np.isin(columns["label"], (0, 1))):
+        raise DataError(f"{where}: labels outside {{0, 1}}")
+    if "weight" in present and (not np.all(np.isfinite(columns["weight"])) or np.any(columns["weight"] < 0)):
+        raise DataError(f"{where}: event weights must be finite and >= 0")
+    return (np.asarray(images, np.float32), np.asarray(columns["label"], np.int32).reshape(-1),
+            np.asarray(columns["weight"], np.float32).reshape(-1), np.asarray(columns["pass_sr"], np.int32).reshape(-1))
+
+
+def file_split(cfg: HepConfig, path: str, layout: str, events: int) -> epochs.Split:
+    """Every event of one file of new events (:func:`read_chunk_unlabelled`), in file order, as the engine takes
+    it: scaled by the run's training-set maxima (:func:`load_maxima` of ``cfg``, never the file's), the event
+    weights as stored (as evaluate reads them)."""
+    raw = cfg.model_copy(deep=True)
+    raw.data.weight_normalization = "none"
+    size = cfg.data.chunk_size
+    chunks = [Chunk(str(path), start, min(start + size, events), layout) for start in range(0, events, size)]
+    maxima = load_maxima(cfg)
+    return epochs.Split(name="predict", where=str(path), count=events, items=chunks,
+                        read=lambda dist, seed, training: _events(raw, chunks, maxima, dist, seed, training,
+                                                                  reader=read_chunk_unlabelled))

@@ -16,6 +16,8 @@ import time
 import pytest
 
 import common  # noqa: F401  (first: TensorFlow's kernel set and logging, for this process and every child)
+from common.errors import UserInputError
+from common.predict import predict_files, predictor_of
 from common.storage import outputs, scratch
 
 # The test process keeps its scratch folder too (TensorFlow's AutoGraph files of the in-process tests go with it,
@@ -157,6 +159,45 @@ def run_python(args, timeout=600, cwd=None, ranks: int = 1, check=True, env: dic
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n--- stdout\n{result.stdout[-4000:]}"
                              f"\n--- stderr\n{result.stderr[-6000:]}")
     return result
+
+
+def tree_state(*folders) -> dict:
+    """Every path under ``folders`` (and the folders) with its size, mtime and bytes: what a refused command must
+    leave as it was."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
+            for folder in map(pathlib.Path, folders) if folder.exists() for p in sorted([folder, *folder.rglob("*")])}
+
+
+def tmp_root() -> pathlib.Path:
+    """Where the tests' files are (pytest's temporary folders): a message naming one of them names a file."""
+    return SYSTEM_TEMP
+
+
+def assert_predict_refuses(package: str, cases, watched=()) -> None:
+    """Each case ``(run, inputs, out, words)`` refused with one line holding every one of ``words`` (a string, or
+    a list of them), and nothing changed under the run, ``out``, the inputs' folders and ``watched``.
+
+    The first case runs the command (``python -m <package>.predict``: exit 2, one ``error:`` line on standard
+    error); the others the same driver in this process (:func:`common.predict.predict_files` with the run's
+    predictor: its one-line UserInputError is that line), so that each case does not pay a process's start-up."""
+    for number, (run, inputs, out, words) in enumerate(cases):
+        words = [words] if isinstance(words, str) else list(words)
+        folders = [run, out, *{pathlib.Path(p).parent for p in inputs}, *watched]
+        before = tree_state(*folders)
+        if number == 0:
+            result = run_python(["-m", f"{package}.predict", "--run-dir", str(run), "--input", *map(str, inputs),
+                                 "--out", str(out)], check=False)
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+            message = lines[0]
+        else:
+            with pytest.raises(UserInputError) as refused:
+                predict_files(predictor_of(package, run), run, inputs, out)
+            message = str(refused.value)
+            assert "\n" not in message, message
+        assert all(word in message for word in words), (words, message)
+        assert str(tmp_root()) in message, ("the line names no file or folder", message)
+        assert tree_state(*folders) == before, (words, message)
 
 
 # Unit round-off u of each format (half the spacing of the numbers near 1).

@@ -201,5 +201,12 @@ def main(argv=None) -> int:
     return 0
 
 
+def field_grid(path: str) -> tuple[int, int, int]:
+    """(time steps, lat, lon) of a CAM5 netCDF file holding all 16 variables on one (time, lat, lon) grid; a
+    one-line DataError naming the file and the variable otherwise (what convert checks; predict too)."""
+    with _open_netcdf(path) as nc:
+        return _grid_of(nc, path)
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,6 +8,7 @@ import pathlib
 
 from climate_seg.detection.config import DetectConfig
 from climate_seg.detection.evaluate import EVALUATOR
+from climate_seg.detection.predict import PREDICTOR
 from common.application import Application, Parts
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -27,5 +28,6 @@ APPLICATION = Application(
     config_schema=DetectConfig,
     parts=parts,
     evaluation=EVALUATOR,
+    prediction=PREDICTOR,
     default_config=REPO_ROOT / "configs" / "climate_seg" / "demo_detect.yaml",
 )

@@ -188,10 +188,7 @@ def read_sample(cfg: DetectConfig, path: str, index: int, labeled: bool, offset,
     with reading(path, f"images[{index}]"), h5py.File(path, "r") as f:
         images = f["images"][index:index + window]
         boxes = f["boxes"][index:index + window]
-    images = np.transpose(images[:, channel_index], (0, 2, 3, 1)).astype(np.float32)
-    if not np.all(np.isfinite(images)):
-        raise DataError(f"{path}: images[{index}] hold NaN or Inf")
-    images = (images - offset) / scale
+    images = network_input(images[:, channel_index], path, index, offset, scale)
     grid = (data.grid[0] // m.cell, data.grid[1] // m.cell)
     targets = np.zeros((window, *grid, TARGET_CHANNELS + 1), np.float32)
     for t in range(window):
@@ -347,3 +344,23 @@ def prepare_data(cfg: DetectConfig) -> None:
     """Synthetic snapshots into an absent or empty data folder when asked; the channel statistics when missing."""
     prepare(cfg, lambda root: generate_detection_dataset(root, cfg.data.synth, progress=False),
             "detection snapshots", cfg.data.file_channels)
+
+
+# -- prediction on new files (climate_seg/detection/predict.py) -------------------------------------
+
+def network_input(images: np.ndarray, path: str, index: int, offset, scale) -> np.ndarray:
+    """Snapshots (window, C, H, W) in the network's channel order -> channels-last float32 normalised with
+    the run's ``offset`` and ``scale``: what training, evaluation and prediction feed the network alike."""
+    images = np.transpose(images, (0, 2, 3, 1)).astype(np.float32)
+    if not np.all(np.isfinite(images)):
+        raise DataError(f"{path}: images[{index}] hold NaN or Inf")
+    return (images - offset) / scale
+
+
+def read_images(cfg: DetectConfig, path: str, index: int, window: int, offset, scale) -> np.ndarray:
+    """Snapshots ``index`` .. ``index + window`` of an ExtremeWeather-layout file as the network takes them
+    (the file needs no boxes)."""
+    channel_index = [cfg.data.file_channels.index(c) for c in cfg.data.channels]
+    with reading(path, f"images[{index}]"), h5py.File(path, "r") as f:
+        images = f["images"][index:index + window]
+    return network_input(images[:, channel_index], path, index, offset, scale)

@@ -8,6 +8,7 @@ import pathlib
 
 from climate_seg.segmentation.config import ClimateConfig
 from climate_seg.segmentation.evaluate import EVALUATOR
+from climate_seg.segmentation.predict import PREDICTOR
 from common.application import Application, MlperfSpec, Parts
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -56,6 +57,7 @@ APPLICATION = Application(
     config_schema=ClimateConfig,
     parts=parts,
     evaluation=EVALUATOR,
+    prediction=PREDICTOR,
     default_config=REPO_ROOT / "configs" / "climate_seg" / "demo_tiramisu.yaml",
     mlperf=MlperfSpec(benchmark="deepcam", metric_key="eval_accuracy", logs_key="val_mean_iou", target=0.82,
                       higher_is_better=True, hyperparameters=_mlperf_hyperparameters),

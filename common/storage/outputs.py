@@ -515,7 +515,8 @@ def mark_run_dir(output_dir, app: str, files=(), kind: str = "run", instances: i
 # What a run directory holds, as its marker says: one training run, a job of several instances (its folder holds
 # ``instance-<k>/`` and ``instances.json``), or one instance of such a job.  A folder holds one kind for its life.
 RUN_KINDS = {"run": "a training run", "instances": "a job of several instances (distributed.instances)",
-             "instance": "one instance of a job of several", "profile": "a benchmark's profiler traces"}
+             "instance": "one instance of a job of several", "profile": "a benchmark's profiler traces",
+             "predictions": "a trained model's predictions (python -m <app>.predict)"}
 
 
 def run_kind(folder) -> tuple[str, dict] | None:
@@ -576,7 +577,7 @@ def check_run_kind(folder, kind: str, resume: bool, instances: int | None = None
                              f"(--output-dir {folder.parent}), or choose another --output-dir")
     what = " (its own checkpoints and records)" if found_kind == "run" else ""
     raise UserInputError(f"{folder}: holds {RUN_KINDS[found_kind]}{what}; {RUN_KINDS[kind]} would "
-                         f"{'write' if kind == 'profile' else 'train'} beside it: choose another folder")
+                         f"{'write' if kind in ('profile', 'predictions') else 'train'} beside it: choose another folder")
 
 
 def record_external(run_dir, path) -> None:

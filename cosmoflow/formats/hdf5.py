@@ -22,20 +22,27 @@ FILE_FORMAT = {RAW: "raw HDF5 universes (full, unitPar), cut into crops",
 TARGETS_DATASET = {RAW: "unitPar", SPLIT: "y"}
 
 
-def file_layout(path: str, cfg) -> tuple[int, SampleLayout]:
-    """(crops in the file, its layout) after checking its datasets: raw universes or split crops."""
+def is_hdf5(path) -> bool:
+    """Whether ``path`` is an HDF5 file (by its signature, whatever its name)."""
+    return h5py.is_hdf5(path)
+
+
+def file_layout(path: str, cfg, require_targets: bool = True) -> tuple[int, SampleLayout]:
+    """(crops in the file, its layout) after checking its datasets: raw universes or split crops.  Without
+    ``require_targets`` (prediction) a file without ``unitPar`` / ``y`` is taken too: its layout names no targets."""
     data = cfg.data
     crop = data.sample_shape
     try:
         with h5py.File(path, "r") as f:
-            if "full" in f and "unitPar" in f:
+            if "full" in f and ("unitPar" in f or not require_targets):
                 kind, x_key, y_key = RAW, "full", "unitPar"
-            elif "x" in f and "y" in f:
+            elif "x" in f and ("y" in f or not require_targets):
                 kind, x_key, y_key = SPLIT, "x", "y"
             else:
                 raise DataError(f"{path}: expected datasets 'full' and 'unitPar' (raw universes) or 'x' and 'y' "
                                 f"(split by prepare.py); found {sorted(f)[:6]}")
-            shape, dtype, targets = f[x_key].shape, f[x_key].dtype, f[y_key].shape
+            shape, dtype = f[x_key].shape, f[x_key].dtype
+            targets = f[y_key].shape if y_key in f else None
             name_par = f["namePar"][()] if "namePar" in f else None
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
@@ -45,11 +52,12 @@ def file_layout(path: str, cfg) -> tuple[int, SampleLayout]:
         raise DataError(f"{path}: 'x' has shape {shape}, expected data.sample_shape {tuple(crop)}")
     if any(s % c for s, c in zip(shape[:3], crop[:3])):
         raise DataError(f"{path}: 'full' shape {shape[:3]} is not a multiple of the crop {crop[:3]}")
-    if len(targets) != 1:
+    if targets is not None and len(targets) != 1:
         raise DataError(f"{path}: '{y_key}' has shape {targets}, expected one value per target")
     if not np.issubdtype(dtype, np.integer):
         raise DataError(f"{path}: '{x_key}' has dtype {dtype}, expected integer particle counts")
-    names, source = file_targets(data, targets[0], path, name_par)
+    names, source = file_targets(data, targets[0], path, name_par) if targets is not None else \
+        ((), f"none: the file has no '{y_key}'")
     crops = int(np.prod([s // c for s, c in zip(shape[:3], crop[:3])]))
     return crops, SampleLayout(kind, "int16", names, source, FILE_FORMAT[kind])
 
@@ -60,13 +68,13 @@ def read_crop(path, index, crop):
     with reading(path, f"crop {int(index)}"), h5py.File(path, "r") as f:
         split = "x" in f and "full" not in f
         if split:
-            x, y = f["x"][()], f["y"][:]
+            x, y = f["x"][()], f["y"][:] if "y" in f else np.zeros(0)   # a file without targets: prediction
         else:
             full = f["full"]
             per_side = [s // c for s, c in zip(full.shape[:3], crop[:3])]
             i, j, k = np.unravel_index(int(index), per_side)
             x = full[i * crop[0]:(i + 1) * crop[0], j * crop[1]:(j + 1) * crop[1], k * crop[2]:(k + 1) * crop[2], :]
-            y = f["unitPar"][:]
+            y = f["unitPar"][:] if "unitPar" in f else np.zeros(0)
     if not np.all(np.isfinite(y)):
         raise DataError(f"{path}: '{'y' if split else 'unitPar'}' holds NaN or Inf")
     return np.asarray(x, np.int16), np.asarray(y, np.float32)

@@ -1,0 +1,256 @@
+"""The one prediction driver: a trained run applied to new files, each output written once, atomically, into a
+folder of the suite's own.
+
+    python -m <app>.predict --run-dir RUN --input PATH [PATH ...] --out OUT [--force] [application options]
+
+An application's ``predict`` module holds the science as a :class:`~common.application.Predictor`, part of its
+declaration (``prediction``): which files it takes (checked before any work: a one-line error naming the file),
+the names it writes for each, and how one input becomes them (reading through the engine's ordered walk,
+:func:`common.loop.epochs.evaluation_walk`).  Everything else is here:
+
+- the inputs: files, or folders of them (the application's patterns), in name order; two inputs whose outputs
+  would share a name are refused;
+- the run: ``config.yaml`` and ``model.keras`` (:func:`common.evaluate.load_run`); its normalisation statistics
+  and target ranges, never the new data's;
+- the output folder: absent, empty, or one this command made (its marker, kind ``predictions``); a folder of
+  the user's, a training run or any other kind is refused.  It and every name are checked before TensorFlow
+  loads (absent, or the suite's, or ``--force``), and claimed (marked, locked for the command's life: a second
+  ``predict`` into it is refused) only once the network has loaded and the predictor's ``prepare`` has run,
+  so that a refusal up to there leaves it as it was;
+- the ranks (horovodrun, srun, mpirun): input ``i`` goes to rank ``i % ranks``, each rank writes its inputs'
+  files, rank 0 the index ``predictions.json`` (inputs, outputs, the model's sha256, the config, the suite's
+  version) once every rank is done.  A rank's failure fails the command (exit non-zero), never a partial index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import hashlib
+import importlib.metadata
+import pathlib
+
+from common import distributed, evaluate, registry
+from common.application import Predictor
+from common.cli import exit_on_user_error
+from common.config import load_config
+from common.errors import UserInputError
+from common.storage import outputs
+
+INDEX = "predictions.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """One input file and what the application read of it while checking it (its ``inspect`` result)."""
+
+    path: pathlib.Path
+    info: object
+
+
+def suite_version() -> str:
+    """The installed suite's version ('unknown' for a checkout run without installing it)."""
+    try:
+        return importlib.metadata.version(outputs.SUITE)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def sha256_of(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def expand_inputs(paths, predictor: Predictor) -> list[pathlib.Path]:
+    """The files named, folders replaced by their files matching the application's patterns (name order);
+    a missing path, an empty folder or a file named twice is a one-line error."""
+    found: list[pathlib.Path] = []
+    for given in map(pathlib.Path, paths):
+        if given.is_dir():
+            files = sorted({p for pattern in predictor.patterns for p in given.glob(pattern) if p.is_file()})
+            if not files:
+                raise UserInputError(f"{given}: no {predictor.what} files ({', '.join(predictor.patterns)}) in it")
+            found.extend(files)
+        elif given.is_file():
+            found.append(given)
+        else:
+            raise UserInputError(f"{given}: --input not found" if not given.exists()
+                                 else f"{given}: --input is neither a file nor a folder")
+    seen: dict[pathlib.Path, pathlib.Path] = {}
+    for path in found:
+        resolved = path.resolve()
+        if resolved in seen:
+            raise UserInputError(f"{path}: given twice as --input (also as {seen[resolved]})")
+        seen[resolved] = path
+    return found
+
+
+def output_names(predictor: Predictor, cfg, inputs: list[Input]) -> dict[pathlib.Path, tuple[str, ...]]:
+    """Each input's output names, checked to be distinct over all inputs and from the index."""
+    names: dict[pathlib.Path, tuple[str, ...]] = {}
+    owner: dict[str, pathlib.Path] = {INDEX: pathlib.Path("(the index)")}
+    for item in inputs:
+        names[item.path] = tuple(predictor.outputs(cfg, item))
+        for name in names[item.path]:
+            if name in owner:
+                raise UserInputError(f"{item.path}: its output {name} would also be {owner[name]}'s; "
+                                     "predict them into separate --out folders")
+            owner[name] = item.path
+    return names
+
+
+def check_output_folder(out: pathlib.Path, names, force: bool) -> None:
+    """``out`` and every name to be written there, checked (reading only): absent, an empty folder, or a folder
+    of predict's own; each name absent, the suite's, or ``--force``."""
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"{out}: --out is a file, not a folder")
+    if out.is_dir() and outputs.run_kind(out) is None and not outputs.is_empty_folder(out):
+        raise UserInputError(f"{out}: holds files this suite did not write ({outputs.folder_summary(out)}); "
+                             "predict into a new or empty folder")
+    outputs.check_run_kind(out, "predictions", resume=False)
+    outputs.check_writable_folder(out, "--out")
+    for name in (*names, INDEX):
+        outputs.check_replaceable(out / name, force, "pass --force to replace it")
+
+
+def claim_output_folder(out: pathlib.Path, app: str, tool: str, names, force: bool) -> outputs.RunDirLock:
+    """The checks again (:func:`check_output_folder`), then ``out`` marked as a predictions folder listing every
+    name to be written (so each rank's writes are the suite's, and the marker is written once, not by every
+    rank) and locked.  The lock is returned (held until the command ends)."""
+    check_output_folder(out, names, force)
+    outputs.mark_run_dir(out, app, files=[*names, INDEX], kind="predictions", tool=tool)
+    return outputs.RunDirLock(out, tool).acquire()
+
+
+def on_every_rank(dist, check):
+    """``check()`` on rank 0, its one-line refusal (a UserInputError) raised on every rank alike; its result
+    on rank 0, None elsewhere."""
+    problem, result = None, None
+    if dist.is_root:
+        try:
+            result = check()
+        except UserInputError as exc:
+            problem = str(exc)
+    problem = dist.broadcast_object(problem)
+    if problem is not None:
+        raise UserInputError(problem)
+    return result
+
+
+def predict_files(predictor: Predictor, run_dir, paths, out, force: bool = False, options=None,
+                  dist: distributed.Distributed | None = None) -> dict:
+    """Apply the run in ``run_dir`` to the files ``paths`` (or folders of them), writing into ``out``; the index
+    written by rank 0 (every rank returns it).
+
+    In order: the run's files, every input (``inspect``) and the output folder are checked (reading only, no
+    TensorFlow); the network is loaded and the predictor's ``prepare`` runs (what every input shares, e.g. a
+    working point from the run's validation split); only then is the folder claimed, so a refusal at any of
+    these steps leaves it as it was."""
+    run_dir, out = pathlib.Path(run_dir), pathlib.Path(out)
+    for required in ("config.yaml", "model.keras"):
+        if not (run_dir / required).is_file():
+            raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
+    cfg = load_config(predictor.schema, run_dir / "config.yaml")
+    options = options if options is not None else argparse.Namespace()
+    inputs = [Input(path, predictor.inspect(cfg, path)) for path in expand_inputs(paths, predictor)]
+    names = [name for written in output_names(predictor, cfg, inputs).values() for name in written]
+    dist = dist or distributed.Distributed()
+    on_every_rank(dist, lambda: check_output_folder(out, names, force))
+    cfg, model = evaluate.load_run(run_dir, predictor.schema)
+    if predictor.prepare is not None:
+        predictor.prepare(cfg, model, options)
+    lock = on_every_rank(dist, lambda: claim_output_folder(out, predictor.application, predictor.tool, names, force))
+    try:
+        writer = PredictionWriter(out, predictor.tool, force, run_dir)
+        rows = [predictor.predict(writer, cfg, model, item, options) for item in inputs[dist.rank::dist.size]]
+        gathered = dist.allgather_object(rows)
+        index = {
+            "run_dir": str(run_dir.resolve()), "model_sha256": sha256_of(run_dir / "model.keras"),
+            "suite_version": suite_version(), "application": predictor.application, "ranks": dist.size,
+            "inputs": sorted((row for rank_rows in gathered for row in rank_rows), key=lambda row: row["input"]),
+        }
+        if dist.is_root:
+            outputs.write_json(out / INDEX, index, predictor.tool, force)
+        return index
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+class PredictionWriter:
+    """What one input's prediction writes into the output folder: each name atomically (a temporary file
+    beside it, renamed when whole), never over a file the suite did not write unless ``--force``."""
+
+    def __init__(self, out, tool: str, force: bool, run_dir):
+        self.out, self.tool, self.force = pathlib.Path(out), tool, force
+        self.run_dir = pathlib.Path(run_dir)   # the run applied: what the files' provenance names
+
+    def provenance(self, cfg) -> dict[str, str]:
+        """The global attributes every predicted file carries (:func:`provenance_attributes`)."""
+        return provenance_attributes(cfg, self.run_dir, self.tool)
+
+    @contextlib.contextmanager
+    def path(self, name: str, suffix: str = ".partial"):
+        """A temporary path to write ``name`` to; it becomes ``name`` when the block ends without error."""
+        with outputs.atomic_path(self.out / name, self.force, suffix=suffix) as temporary:
+            yield temporary
+
+    def json(self, name: str, payload: dict) -> None:
+        outputs.write_json(self.out / name, payload, self.tool, self.force)
+
+    def csv(self, name: str, header: list[str], rows) -> None:
+        """A CSV table (the folder's marker lists it: CSV has no room for a mark of its own)."""
+        with self.path(name) as temporary, open(temporary, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            writer.writerows(rows)
+
+
+def provenance_attributes(cfg, run_dir, tool: str) -> dict[str, str]:
+    """The global attributes every predicted file carries: what wrote it, from which model and config."""
+    run_dir = pathlib.Path(run_dir)
+    return {outputs.WRITTEN_BY: outputs.provenance(tool), "model_sha256": sha256_of(run_dir / "model.keras"),
+            "suite_version": suite_version(), "run_dir": str(run_dir.resolve()),
+            "config": (run_dir / "config.yaml").read_text()}
+
+
+def run_predict(package: str, argv=None, description: str = "") -> int:
+    """``python -m <package>.predict``: the run's application applied to new files; the report printed."""
+    with exit_on_user_error():
+        predictions = [application.prediction for application in registry.applications(package)]
+    known = predictions[0] if len(predictions) == 1 else None   # else the run's config chooses the task
+    parser = argparse.ArgumentParser(prog=f"python -m {package}.predict",
+                                     description=description or (known.description if known else ""))
+    parser.add_argument("--run-dir", required=True, help="a training run directory (holds model.keras, config.yaml)")
+    parser.add_argument("--input", required=True, nargs="+", metavar="PATH",
+                        help="files to predict on, or folders of them"
+                             + (f" ({known.what}: {', '.join(known.patterns)})" if known else ""))
+    parser.add_argument("--out", required=True, help="the folder to write into: new, empty, or one of predict's own")
+    parser.add_argument("--force", action="store_true",
+                        help="replace files of the names it writes that this suite did not write")
+    for prediction in predictions:
+        if prediction is not None and prediction.add_options is not None:
+            prediction.add_options(parser)
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        predictor = known or predictor_of(package, args.run_dir)
+        if predictor is None:
+            raise UserInputError(f"{package} declares no prediction")
+        dist = distributed.init() if distributed.launched_world_size() > 1 else None
+        index = predict_files(predictor, args.run_dir, args.input, args.out, args.force, args, dist)
+    if dist is None or dist.is_root:
+        for line in predictor.report(index):
+            print(line)
+        print(f"wrote {pathlib.Path(args.out) / INDEX}", flush=True)
+    return 0
+
+
+def predictor_of(package: str, run_dir) -> Predictor | None:
+    """The prediction of the application of ``package`` that trained ``run_dir`` (its config chooses the task)."""
+    config = pathlib.Path(run_dir) / "config.yaml"
+    return registry.application(package, config if config.is_file() else None).prediction
