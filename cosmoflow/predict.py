@@ -12,8 +12,11 @@ a file of another application is a one-line error naming the file, before anythi
 
 Each volume is read through the engine's ordered walk in batches of ``data.batch_size`` and normalised as
 ``python -m cosmoflow.evaluate`` does; its predictions are de-normalised with the run's ``data.target_offset``
-and ``data.target_scale`` (``prediction * scale + offset``; none set: the files' own units, the [-1, 1]
-``unitPar`` of MLPerf's files), in the order of ``data.target_names``.
+and ``data.target_scale`` (``prediction * scale + offset``), in the order of ``data.target_names``.  A run on the
+suite's mock universes (its config generates them, ``data.mock``, and sets no offset and scale) gets physical
+values from the mock's ``unitPar`` and the ranges in ``data.mock`` (:func:`mock_physical`); any other run without
+offset and scale keeps the files' own units (the [-1, 1] ``unitPar`` of MLPerf's files, whose ranges the files
+do not hold).
 
 Per input ``OUT/<stem>.parameters.csv`` (one row per volume: its origin in voxels within the file's box, the
 predicted parameters and, where the file holds them, the stored ones beside them, ``stored_<name>``) and
@@ -41,6 +44,7 @@ from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
 
 # At its first use (TensorFlow), so that the declaration and --help answer without it.
 cosmoflow_data = DeferredModule("cosmoflow.data")
+cosmoflow_mock = DeferredModule("cosmoflow.mock")   # h5py: only for a mock run's parameter ranges
 
 TOOL = "cosmoflow.predict"
 PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.tfrecords.gz", "*.h5", "*.hdf5")
@@ -64,6 +68,19 @@ def units(cfg: CosmoflowConfig, layout) -> tuple[np.ndarray, np.ndarray]:
     offset = np.asarray(data.target_offset if data.target_offset is not None else np.zeros(len(order)), np.float64)
     scale = np.asarray(data.target_scale if data.target_scale is not None else np.ones(len(order)), np.float64)
     return offset[index], scale[index]
+
+
+def mock_physical(cfg: CosmoflowConfig) -> tuple[np.ndarray, np.ndarray] | None:
+    """(half width, centre) of each of ``data.target_names``' ranges in ``data.mock``, which map the mock's
+    ``unitPar`` in [-1, 1] to physical values (``unitPar * half width + centre``), for a run on the suite's mock
+    universes: a run whose config generates its data (``data.mock.generate_if_missing``) and sets no
+    ``data.target_offset`` / ``target_scale``.  None for any other run: its files' units are kept."""
+    data = cfg.data
+    if data.target_offset is not None or not data.mock.generate_if_missing:
+        return None
+    ranges = dict(zip(TARGET_NAMES, cosmoflow_mock.parameter_ranges(data.mock)))
+    low, high = np.array([ranges[name] for name in data.target_names], np.float64).T
+    return (high - low) / 2.0, (high + low) / 2.0
 
 
 def inspect(cfg: CosmoflowConfig, path) -> dict:
@@ -119,6 +136,10 @@ def predict(writer, cfg: CosmoflowConfig, model, item, options) -> dict:
     predicted = normalised.astype(np.float64) * scale + offset
     stored = stored.astype(np.float64)
     labelled = stored.shape[1] > 0
+    physical = mock_physical(cfg)
+    if physical is not None:   # the mock's unitPar, predicted and stored alike, in the mock's physical ranges
+        predicted = predicted * physical[0] + physical[1]
+        stored = stored * physical[0] + physical[1] if labelled else stored
     corners = origins(info, cfg.data.sample_shape)
     header = ["volume", "origin_x", "origin_y", "origin_z", *names, *(f"stored_{n}" for n in names if labelled)]
     rows = [[n, *corners[n], *map(float, predicted[n]), *(map(float, stored[n]) if labelled else ())]
@@ -133,8 +154,14 @@ def predict(writer, cfg: CosmoflowConfig, model, item, options) -> dict:
         summary = {"box": info["box"], "sub_volumes": len(predicted), "sub_volume_shape": list(cfg.data.sample_shape),
                    "mean": dict(zip(names, map(float, predicted.mean(axis=0)))),
                    "std": dict(zip(names, map(float, predicted.std(axis=0, ddof=1))))}
-    units_note = ("physical: prediction * data.target_scale + data.target_offset" if cfg.data.target_offset is not None
-                  else "the files' own (unitPar in [-1, 1]): the run sets no data.target_offset / target_scale")
+    if cfg.data.target_offset is not None:
+        units_note = "physical: prediction * data.target_scale + data.target_offset"
+    elif physical is not None:
+        ranges = {n: [float(c - h), float(c + h)] for n, h, c in zip(names, *physical)}
+        units_note = f"physical: the mock's unitPar in [-1, 1] mapped onto the run's data.mock ranges {ranges}"
+    else:
+        units_note = ("the files' own (unitPar in [-1, 1]): the run sets no data.target_offset / target_scale and "
+                      "does not generate its data (data.mock), so the files' ranges are not known")
     writer.json(out_names[1], {"input": str(item.path), "format": info["format"], "target_names": names,
                                "units": units_note, "labelled": labelled, "volumes": volumes, "box": summary})
     if len(out_names) > 2:

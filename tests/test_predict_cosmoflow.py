@@ -179,3 +179,25 @@ def test_refusals(trained, tmp_path):
 
     assert_predict_refuses("cosmoflow", cases)
     assert not (tmp_path / "out").exists()
+
+def test_a_mock_runs_unit_parameters_map_back_onto_the_mock_ranges():
+    """For a run on the suite's mock universes, predict's physical values invert the mock's own normalisation
+    (cosmoflow.mock.normalise_targets, the reference) over every target order; other runs keep the files' units."""
+    from cosmoflow.config import CosmoflowConfig
+    from cosmoflow.mock import normalise_targets, parameter_ranges
+    from cosmoflow.predict import mock_physical
+
+    cfg = CosmoflowConfig.model_validate({"data": {"data_dir": "d", "mock": {"generate_if_missing": True}}})
+    low, high = np.array(parameter_ranges(cfg.data.mock)).T
+    physical = np.random.default_rng(0).uniform(low, high, size=(50, 4))
+    unit = normalise_targets(physical, cfg.data.mock).astype(np.float64)   # float32 in the files
+    for order in (["Omega_m", "sigma_8", "n_s", "H0"], ["H0", "n_s"]):
+        cfg.data.target_names = order
+        half, centre = mock_physical(cfg)
+        columns = [["Omega_m", "sigma_8", "n_s", "H0"].index(name) for name in order]
+        # float32 unitPar: a relative error of 2^-24 of |unit| <= 1, times the half width
+        np.testing.assert_allclose(unit[:, columns] * half + centre, physical[:, columns], rtol=0,
+                                   atol=float(np.max(high - low)) * 2.0 ** -23)
+    assert mock_physical(CosmoflowConfig.model_validate({"data": {"data_dir": "d", "mock": {"generate_if_missing": False}}})) is None
+    assert mock_physical(CosmoflowConfig.model_validate({"data": {"data_dir": "d",
+        "mock": {"generate_if_missing": True}, "target_offset": [0, 0, 0, 0], "target_scale": [1, 1, 1, 1]}})) is None
