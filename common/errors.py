@@ -12,6 +12,8 @@ Exit codes (documented in the README; the SLURM scripts requeue on 75):
 ====  ==================================================================
 """
 
+import re
+
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 3
@@ -38,3 +40,10 @@ class Preempted(Exception):
 class NonFiniteLoss(Exception):
     """The loss, the allreduced gradients or the weights became NaN or Inf (beyond what loss scaling may
     skip); the trainer sets ``kept`` (rank 0): the newest checkpoint left, or None."""
+
+
+def data_error_from_pipeline(exc: Exception) -> DataError | None:
+    """The :class:`DataError` a reader raised inside tf.data (numpy_function), if that is what ``exc`` carries
+    (TensorFlow wraps it in its own error, the message inside)."""
+    match = re.search(r"DataError: ([^\n]+)", str(exc))
+    return DataError(match.group(1).strip()) if match else None

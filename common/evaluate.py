@@ -14,7 +14,9 @@ output name before any work, the run folder's lock, the training curves, ``wrote
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
+import zipfile
 
 from common import registry
 from common.application import Evaluator
@@ -40,7 +42,17 @@ def load_run(run_dir, schema, data_dir: str | None = None):
             raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
     cfg = load_config(schema, run_dir / "config.yaml", [f"data.data_dir={data_dir}"] if data_dir else [])
     # The network is saved uncompiled and with plain Keras layers (trainer._atomic_save_model).
-    return cfg, keras.models.load_model(run_dir / "model.keras", compile=False)
+    path = run_dir / "model.keras"
+    if not os.access(path, os.R_OK):
+        raise UserInputError(f"{path}: cannot be read (no read permission)")
+    try:
+        return cfg, keras.models.load_model(path, compile=False)
+    except (ValueError, OSError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+        # Keras says "File not found" for a file that is there but not a Keras archive (empty, cut short,
+        # another format): name what it is instead.
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise UserInputError(f"{path}: not a readable Keras model, or not one of this run's network "
+                             f"({type(exc).__name__}: {first})") from None
 
 
 class EvaluationWriter:

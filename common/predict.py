@@ -30,13 +30,17 @@ import csv
 import dataclasses
 import hashlib
 import importlib.metadata
+import os
 import pathlib
+import sys
+import traceback
 
 from common import distributed, evaluate, registry
 from common.application import Predictor
-from common.cli import exit_on_user_error
+from common.cli import exit_on_user_error, exit_process
 from common.config import load_config
-from common.errors import UserInputError
+from common.deferred import pyplot as plt   # at the first figure (Agg backend)
+from common.errors import EXIT_FAILURE, DataError, UserInputError, data_error_from_pipeline
 from common.storage import outputs
 
 INDEX = "predictions.json"
@@ -78,9 +82,14 @@ def expand_inputs(paths, predictor: Predictor) -> list[pathlib.Path]:
             found.extend(files)
         elif given.is_file():
             found.append(given)
+        elif given.is_symlink() and not given.exists():
+            raise UserInputError(f"{given}: --input is a link to {os.readlink(given)}, which does not exist")
         else:
             raise UserInputError(f"{given}: --input not found" if not given.exists()
                                  else f"{given}: --input is neither a file nor a folder")
+    for path in found:
+        if not os.access(path, os.R_OK):
+            raise UserInputError(f"{path}: --input cannot be read (no read permission)")
     seen: dict[pathlib.Path, pathlib.Path] = {}
     for path in found:
         resolved = path.resolve()
@@ -107,6 +116,8 @@ def output_names(predictor: Predictor, cfg, inputs: list[Input]) -> dict[pathlib
 def check_output_folder(out: pathlib.Path, names, force: bool) -> None:
     """``out`` and every name to be written there, checked (reading only): absent, an empty folder, or a folder
     of predict's own; each name absent, the suite's, or ``--force``."""
+    if out.is_symlink() and not out.exists():
+        raise UserInputError(f"{out}: --out is a link to {os.readlink(out)}, which does not exist")
     if out.exists() and not out.is_dir():
         raise UserInputError(f"{out}: --out is a file, not a folder")
     if out.is_dir() and outputs.run_kind(out) is None and not outputs.is_empty_folder(out):
@@ -118,13 +129,36 @@ def check_output_folder(out: pathlib.Path, names, force: bool) -> None:
         outputs.check_replaceable(out / name, force, "pass --force to replace it")
 
 
-def claim_output_folder(out: pathlib.Path, app: str, tool: str, names, force: bool) -> outputs.RunDirLock:
+@dataclasses.dataclass
+class Claim:
+    """The output folder as :func:`claim_output_folder` took it: its lock, and what the claim created (undone
+    by :meth:`undo` when the command fails: a failed prediction leaves the folder as it found it)."""
+
+    out: pathlib.Path
+    lock: outputs.RunDirLock
+    created_folder: bool
+    created_marker: bool
+
+    def undo(self) -> None:
+        if self.created_marker:
+            (self.out / outputs.RUN_MARKER).unlink(missing_ok=True)
+            (self.out / outputs.RUN_LOCK).unlink(missing_ok=True)   # ours: made with the marker, still locked
+        if self.created_folder:
+            with contextlib.suppress(OSError):
+                self.out.rmdir()   # only when empty
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def claim_output_folder(out: pathlib.Path, app: str, tool: str, names, force: bool) -> Claim:
     """The checks again (:func:`check_output_folder`), then ``out`` marked as a predictions folder listing every
     name to be written (so each rank's writes are the suite's, and the marker is written once, not by every
-    rank) and locked.  The lock is returned (held until the command ends)."""
+    rank) and locked (held until the command ends)."""
     check_output_folder(out, names, force)
+    created_folder, created_marker = not out.exists(), outputs.read_run_marker(out) is None
     outputs.mark_run_dir(out, app, files=[*names, INDEX], kind="predictions", tool=tool)
-    return outputs.RunDirLock(out, tool).acquire()
+    return Claim(out, outputs.RunDirLock(out, tool).acquire(), created_folder, created_marker)
 
 
 def on_every_rank(dist, check):
@@ -164,10 +198,10 @@ def predict_files(predictor: Predictor, run_dir, paths, out, force: bool = False
     cfg, model = evaluate.load_run(run_dir, predictor.schema)
     if predictor.prepare is not None:
         predictor.prepare(cfg, model, options)
-    lock = on_every_rank(dist, lambda: claim_output_folder(out, predictor.application, predictor.tool, names, force))
+    claim = on_every_rank(dist, lambda: claim_output_folder(out, predictor.application, predictor.tool, names, force))
+    writer = PredictionWriter(out, predictor.tool, force, run_dir)
     try:
-        writer = PredictionWriter(out, predictor.tool, force, run_dir)
-        rows = [predictor.predict(writer, cfg, model, item, options) for item in inputs[dist.rank::dist.size]]
+        rows = [predict_one(predictor, writer, cfg, model, item, options) for item in inputs[dist.rank::dist.size]]
         gathered = dist.allgather_object(rows)
         index = {
             "run_dir": str(run_dir.resolve()), "model_sha256": sha256_of(run_dir / "model.keras"),
@@ -176,10 +210,33 @@ def predict_files(predictor: Predictor, run_dir, paths, out, force: bool = False
         }
         if dist.is_root:
             outputs.write_json(out / INDEX, index, predictor.tool, force)
-        return index
+    except BaseException:
+        # This rank's files of this command go (no index names them: a failed command leaves no partial set
+        # behind); rank 0 undoes what its claim created.  (Under several ranks, the launcher ends the others,
+        # which may leave theirs.)
+        writer.remove_written()
+        if claim is not None:
+            claim.undo()
+        raise
     finally:
-        if lock is not None:
-            lock.release()
+        if claim is not None:
+            claim.release()
+    return index
+
+
+def predict_one(predictor: Predictor, writer, cfg, model, item: Input, options) -> dict:
+    """One input's prediction; a read error TensorFlow raised while reading it is a DataError naming it."""
+    tf = sys.modules.get("tensorflow")
+    try:
+        return predictor.predict(writer, cfg, model, item, options)
+    except Exception as exc:
+        if tf is None or not isinstance(exc, tf.errors.OpError):
+            raise
+        found = data_error_from_pipeline(exc)
+        if found is not None:
+            raise found from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{item.path}: cannot be read ({type(exc).__name__}: {first[:300]})") from None
 
 
 class PredictionWriter:
@@ -189,6 +246,13 @@ class PredictionWriter:
     def __init__(self, out, tool: str, force: bool, run_dir):
         self.out, self.tool, self.force = pathlib.Path(out), tool, force
         self.run_dir = pathlib.Path(run_dir)   # the run applied: what the files' provenance names
+        self.written: list[pathlib.Path] = []   # by this command, for remove_written
+
+    def remove_written(self) -> None:
+        """Remove the files this writer wrote in this command (a failed command's)."""
+        for path in self.written:
+            path.unlink(missing_ok=True)
+        self.written.clear()
 
     def provenance(self, cfg) -> dict[str, str]:
         """The global attributes every predicted file carries (:func:`provenance_attributes`)."""
@@ -199,9 +263,19 @@ class PredictionWriter:
         """A temporary path to write ``name`` to; it becomes ``name`` when the block ends without error."""
         with outputs.atomic_path(self.out / name, self.force, suffix=suffix) as temporary:
             yield temporary
+        self.written.append(self.out / name)
 
     def json(self, name: str, payload: dict) -> None:
         outputs.write_json(self.out / name, payload, self.tool, self.force)
+        self.written.append(self.out / name)
+
+    def figure(self, figure, name: str, dpi: int = 110) -> None:
+        """A figure (closed once written), marked as the suite's."""
+        try:
+            outputs.save_figure(figure, self.out / name, self.tool, self.force, dpi=dpi)
+            self.written.append(self.out / name)
+        finally:
+            plt.close(figure)
 
     def csv(self, name: str, header: list[str], rows) -> None:
         """A CSV table (the folder's marker lists it: CSV has no room for a mark of its own)."""
@@ -237,12 +311,21 @@ def run_predict(package: str, argv=None, description: str = "") -> int:
         if prediction is not None and prediction.add_options is not None:
             prediction.add_options(parser)
     args = parser.parse_args(argv)
+    dist = None
     with exit_on_user_error():
         predictor = known or predictor_of(package, args.run_dir)
         if predictor is None:
             raise UserInputError(f"{package} declares no prediction")
         dist = distributed.init() if distributed.launched_world_size() > 1 else None
-        index = predict_files(predictor, args.run_dir, args.input, args.out, args.force, args, dist)
+        try:
+            index = predict_files(predictor, args.run_dir, args.input, args.out, args.force, args, dist)
+        except UserInputError:
+            raise
+        except Exception as exc:   # noqa: BLE001  a failure: its traceback, one line, exit 1 (never a hang)
+            traceback.print_exc()
+            rank = f"rank {dist.rank} of {dist.size}: " if dist is not None else ""
+            print(f"error: {rank}predict failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            exit_process(EXIT_FAILURE)
     if dist is None or dist.is_root:
         for line in predictor.report(index):
             print(line)

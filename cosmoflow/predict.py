@@ -83,6 +83,21 @@ def mock_physical(cfg: CosmoflowConfig) -> tuple[np.ndarray, np.ndarray] | None:
     return (high - low) / 2.0, (high + low) / 2.0
 
 
+def stored_physical(path, names) -> np.ndarray | None:
+    """The physical parameters a mock HDF5 universe stores beside its unitPar (``physPar``, named by its
+    ``names`` attribute), in the order of ``names``; None for other files."""
+    if not h5py.is_hdf5(path):
+        return None
+    with h5py.File(path, "r") as handle:
+        if "physPar" not in handle:
+            return None
+        order = str(handle["physPar"].attrs.get("names", ",".join(TARGET_NAMES))).split(",")
+        values = np.asarray(handle["physPar"][:], np.float64)
+    if len(order) != len(values) or not set(names) <= set(order):
+        return None
+    return np.array([values[order.index(name)] for name in names])
+
+
 def inspect(cfg: CosmoflowConfig, path) -> dict:
     """What prediction needs of one input (its samples, layout, the box it is cut from), after checking that
     the run's readers take it at the run's sample shape."""
@@ -140,6 +155,9 @@ def predict(writer, cfg: CosmoflowConfig, model, item, options) -> dict:
     if physical is not None:   # the mock's unitPar, predicted and stored alike, in the mock's physical ranges
         predicted = predicted * physical[0] + physical[1]
         stored = stored * physical[0] + physical[1] if labelled else stored
+        recorded = stored_physical(item.path, names) if labelled else None
+        if recorded is not None:   # the file's own physical values (a mock of other ranges maps otherwise)
+            stored = np.repeat(recorded[None], len(stored), axis=0)
     corners = origins(info, cfg.data.sample_shape)
     header = ["volume", "origin_x", "origin_y", "origin_z", *names, *(f"stored_{n}" for n in names if labelled)]
     rows = [[n, *corners[n], *map(float, predicted[n]), *(map(float, stored[n]) if labelled else ())]
@@ -165,11 +183,8 @@ def predict(writer, cfg: CosmoflowConfig, model, item, options) -> dict:
     writer.json(out_names[1], {"input": str(item.path), "format": info["format"], "target_names": names,
                                "units": units_note, "labelled": labelled, "volumes": volumes, "box": summary})
     if len(out_names) > 2:
-        with writer.path(out_names[2], suffix=".partial.png") as temporary:
-            figure = plot_volumes(predicted, stored if labelled else None, names, pathlib.Path(item.path).name,
-                                  summary)
-            figure.savefig(temporary, dpi=110)
-            plt.close(figure)
+        writer.figure(plot_volumes(predicted, stored if labelled else None, names, pathlib.Path(item.path).name,
+                                   summary), out_names[2])
     row = {"input": str(item.path), "outputs": list(out_names), "volumes": len(predicted), "labelled": labelled,
            "format": info["format"], "box": summary}
     if labelled:

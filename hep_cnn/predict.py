@@ -50,7 +50,7 @@ from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.errors import DataError
 from common.loop.epochs import evaluation_walk
 from common.predict import run_predict
-from common.storage.outputs import mark_hdf5, save_figure
+from common.storage.outputs import mark_hdf5
 from hep_cnn.config import HepConfig
 
 # At their first use, after the arguments are checked: the readers (TensorFlow), the model (Keras), the metrics
@@ -113,6 +113,10 @@ def events_of(cfg: HepConfig, path: str) -> Events:
             if missing:
                 raise DataError(f"{path}: missing {', '.join(missing)}: the run was trained on {channels} "
                                 f"channel(s) (data.channels) of the {layout} layout")
+            groups = [key for key in (*images, *(keys[name] for name in COLUMNS)) if key in f
+                      and not isinstance(f[key], h5py.Dataset)]
+            if groups:
+                raise DataError(f"{path}: {groups[0]} is a group, expected a dataset of the {layout} layout")
             shapes = {key: f[key].shape for key in images}
             columns = {name: f[keys[name]].shape for name in COLUMNS if keys[name] in f}
     except OSError as exc:
@@ -276,10 +280,7 @@ def predict(writer, cfg: HepConfig, model, item, options) -> dict:
                                             **point.record()})
     writer.csv(csv_name, list(table), zip(*(values.tolist() for values in table.values())))
     figure = plot_scores(table, point, f"{pathlib.Path(path).name}: {events.count} events ({events.layout})")
-    try:
-        save_figure(figure, writer.out / figure_name, writer.tool, writer.force)
-    finally:
-        plt.close(figure)
+    writer.figure(figure, figure_name)
     row = {"input": path, "outputs": [hdf5_name, csv_name, figure_name], "layout": events.layout,
            "events": events.count, "selected": int(table["selected"].sum()), **point.record()}
     if "label" in table and 0 < table["label"].sum() < len(table["label"]):

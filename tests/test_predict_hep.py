@@ -205,6 +205,18 @@ def refusal_cases(trained, tmp_path) -> dict:
     config["data"]["derived_dir"] = str(tmp_path / "gone")
     (moved / "config.yaml").write_text(yaml.safe_dump(config))
     cases["a run whose maxima are gone"] = (moved, [source], tmp_path / "o6", "the run's channel maxima")
+    cut = tmp_path / "run-with-a-cut-model"
+    cut.mkdir()
+    shutil.copy(run / "config.yaml", cut / "config.yaml")
+    (cut / "model.keras").write_bytes((run / "model.keras").read_bytes()[:1000])
+    cases["a model.keras cut short"] = (cut, [source], tmp_path / "o7", "not a readable Keras model")
+    grouped = inputs / "grouped.h5"
+    with h5py.File(grouped, "w") as f:
+        f.create_group("all_events/hist")
+        f["all_events/histEM"] = f["all_events/histtrack"] = np.zeros((4, SIZE, SIZE), np.float32)
+    cases["a group where a dataset belongs"] = (run, [grouped], tmp_path / "o8", "is a group, expected a dataset")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    cases["--out a link to nothing"] = (run, [source], tmp_path / "dangling", "which does not exist")
     return cases
 
 
@@ -231,3 +243,18 @@ def test_the_default_working_point_needs_the_validation_split(trained, tmp_path)
     assert not (tmp_path / "out").exists()   # refused before the claim (the working point is prepare's)
     predict(moved, [source], tmp_path / "out", "--threshold", "0.5")
     assert (tmp_path / "out" / f"{source.stem}.scores.h5").is_file()
+
+
+def test_a_file_that_fails_while_read_is_one_line_and_leaves_no_output(trained, tmp_path):
+    """NaN images found by the reader after the checks (the first file is good): exit 2, one line naming the
+    file, the good file's outputs removed and --out as it was (absent), the process ending (no hang)."""
+    source = sorted(trained["data"].glob("test_*.h5"))[0]
+    nan = tmp_path / "zz_nan.h5"
+    images = np.full((4, SIZE, SIZE), np.nan, np.float32)
+    with h5py.File(nan, "w") as f:
+        for key in ("hist", "histEM", "histtrack"):
+            f[f"all_events/{key}"] = images
+    result = predict(trained["run"], [source, nan], tmp_path / "out", "--threshold", "0.5", check=False)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and str(nan) in errors[0], result.stderr[-3000:]
+    assert not (tmp_path / "out").exists()

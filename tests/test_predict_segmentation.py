@@ -127,11 +127,12 @@ def test_masks_are_cf_netcdf_on_the_input_grid_and_give_evaluate_ious(trained, t
     assert (nc_out / f"{source.stem}.mask.png").stat().st_size > 10_000
 
 
-def write_fields(path, fields: np.ndarray, lat=None, lon=None, skip=()) -> None:
-    """A CAM5-style netCDF file of ``fields`` (time, lat, lon, 16) in CHANNELS order."""
+def write_fields(path, fields: np.ndarray, lat=None, lon=None, skip=(), axes=("lat", "lon")) -> None:
+    """A CAM5-style netCDF file of ``fields`` (time, lat, lon, 16) in CHANNELS order (``axes``: the names of
+    the last two dimensions)."""
     steps, nlat, nlon, _ = fields.shape
     with netCDF4.Dataset(path, "w") as nc:
-        for name, size in (("time", None), ("lat", nlat), ("lon", nlon)):
+        for name, size in (("time", None), (axes[0], nlat), (axes[1], nlon)):
             nc.createDimension(name, size)
         time = nc.createVariable("time", "f8", ("time",))
         time.units, time.calendar = "hours since 2000-01-01 00:00:00", "noleap"
@@ -141,7 +142,7 @@ def write_fields(path, fields: np.ndarray, lat=None, lon=None, skip=()) -> None:
             nc.createVariable("lon", "f8", ("lon",))[:] = lon
         for i, name in enumerate(CHANNELS):
             if name not in skip:
-                nc.createVariable(name, "f4", ("time", "lat", "lon"))[:] = fields[..., i]
+                nc.createVariable(name, "f4", ("time", *axes))[:] = fields[..., i]
 
 
 def read_fields(path) -> np.ndarray:
@@ -214,6 +215,10 @@ def refusal_cases(trained, tmp_path) -> dict:
     missing = tmp_path / "missing.nc"
     write_fields(missing, fields, skip=("PSL",))
     cases["a missing variable"] = (run, [missing], tmp_path / "o5", "missing variable(s) PSL")
+    transposed = tmp_path / "transposed.nc"   # the same sizes, stored as (time, lon, lat): no silent transpose
+    write_fields(transposed, fields, axes=("lon", "lat"))
+    cases["fields stored as (time, lon, lat)"] = (run, [transposed], tmp_path / "o8",
+                                                  "expected (time, lat, lon) in that order")
     bare = tmp_path / "run-without-model"
     bare.mkdir()
     shutil.copy(run / "config.yaml", bare / "config.yaml")

@@ -46,6 +46,14 @@ def _open_netcdf(path: str) -> netCDF4.Dataset:
     return nc
 
 
+def check_axes(variable, path) -> None:
+    """A one-line DataError unless ``variable`` lies on (time, lat, lon) in that order, told by its dimensions'
+    names: the same sizes in (time, lon, lat) would be read as transposed images, silently."""
+    dims = tuple(variable.dimensions)
+    if len(dims) != 3 or "lat" not in dims[1].lower() or "lon" not in dims[2].lower():
+        raise DataError(f"{path}: variable {variable.name} has dims {dims}, expected (time, lat, lon) in that order")
+
+
 def _grid_of(nc: netCDF4.Dataset, path: str) -> tuple[int, int, int]:
     """(time steps, lat, lon) after checking all 16 variables are there on one grid."""
     missing = [name for name in CHANNELS if name not in nc.variables]
@@ -55,8 +63,7 @@ def _grid_of(nc: netCDF4.Dataset, path: str) -> tuple[int, int, int]:
     shape = None
     for name in CHANNELS:
         var = nc.variables[name]
-        if var.ndim != 3:
-            raise DataError(f"{path}: variable {name} has dims {var.dimensions}, expected (time, lat, lon)")
+        check_axes(var, path)
         if shape is None:
             shape, first = tuple(var.shape), name
         elif tuple(var.shape) != shape:

@@ -36,12 +36,12 @@ from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.deferred import tensorflow as tf
 from common.errors import DataError
 from common.loop import epochs
-from common.storage import outputs as storage
 
 # At their first use, so that the declaration and --help answer without them: TensorFlow (the readers, the
 # boxes, evaluate's decoding) and netCDF4.
 netCDF4 = DeferredModule("netCDF4")
 cam5_synth = DeferredModule("climate_seg.cam5.synth")
+cam5_convert = DeferredModule("climate_seg.cam5.convert")
 cam5_data = DeferredModule("climate_seg.cam5.data")
 cam5_stats = DeferredModule("climate_seg.cam5.stats")
 detection_data = DeferredModule("climate_seg.detection.data")
@@ -106,6 +106,7 @@ def _cam5(cfg: DetectConfig, path: pathlib.Path) -> dict:
         shape = None
         for name in data.channels:
             variable = nc.variables[name]
+            cam5_convert.check_axes(variable, path)
             if variable.ndim != 3 or tuple(variable.shape[1:]) != tuple(data.grid) or \
                     (shape is not None and variable.shape[0] != shape[0]):
                 raise DataError(f"{path}: variable {name} has dims {variable.dimensions} and shape "
@@ -221,6 +222,9 @@ def detect_boxes(cfg: DetectConfig, model, item) -> tuple[list[tuple], list[tupl
     windows = iter(starts)
     for images in epochs.evaluation_walk(prediction_split(cfg, item, starts), cfg.data.batch_size, seed=cfg.train.seed):
         detect = np.asarray(model(images, training=False)["detect"])
+        if not np.all(np.isfinite(detect)):   # boxes at +-inf would be written as if found
+            raise DataError(f"{item.path}: the network's output is not finite (inputs far outside the run's "
+                            "training data, its channel statistics?); no boxes written")
         for i in range(len(detect)):
             start = next(windows)
             steps_detect = detect[i] if cfg.model.variant == "3d" else detect[i][None]
@@ -353,10 +357,7 @@ def predict(writer, cfg: DetectConfig, model, item, options) -> dict:
         write_netcdf(temporary, columns, item.info, writer.provenance(cfg), cfg,
                      item.path)
     picture = figure(shown, found, item.info, cfg, item.path.stem)
-    try:
-        storage.save_figure(picture, writer.out / figure_name, writer.tool, writer.force, dpi=100)
-    finally:
-        plt.close(picture)
+    writer.figure(picture, figure_name, dpi=100)
     counts = {name: int(np.sum(columns["class"] == k)) for k, name in enumerate(detection_boxes.DETECTION_CLASSES)}
     return {"input": str(item.path), "format": item.info["format"], "steps": item.info["steps"],
             "boxes": len(found), "boxes_per_class": counts, "grid": item.info["grid"],

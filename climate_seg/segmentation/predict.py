@@ -47,7 +47,6 @@ from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.deferred import tensorflow as tf   # at the first prediction, after every input was checked
 from common.errors import DataError
 from common.loop.epochs import Split, evaluation_walk
-from common.storage.outputs import save_figure
 
 # At their first use: the readers' modules import TensorFlow.
 cam5_data = DeferredModule("climate_seg.cam5.data")
@@ -325,10 +324,7 @@ def predict(writer, cfg: ClimateConfig, model, item, options) -> dict:
     figure = plot_prediction(read_step(path, fields, 0)[..., CHANNELS.index("TMQ")], mask[0],
                              f"{pathlib.Path(path).name}, time step 0 of {fields.steps}: TMQ and predicted masks",
                              lat, lon)
-    try:
-        save_figure(figure, writer.out / figure_name, writer.tool, writer.force)
-    finally:
-        plt.close(figure)
+    writer.figure(figure, figure_name)
     counts = np.bincount(mask.reshape(-1), minlength=len(CLASS_NAMES))
     return {"input": path, "outputs": [netcdf_name, figure_name], "time_steps": fields.steps,
             "grid": list(fields.grid), "tiles_per_step": len(tiles_of(cfg, fields)),

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from common.config import expand_environment
 from common.distributed import Distributed
-from common.errors import DataError
+from common.errors import DataError, data_error_from_pipeline   # noqa: F401  (re-exported)
 from common.loop.epochs import epoch_seed, steps_for   # noqa: F401  (the epoch's rules; re-exported)
 from common.storage.outputs import atomic_path, write_json
 from common.storage.sample_files import bad_entries_message, entry_problem
@@ -174,12 +174,6 @@ def read_at(path: str, offset: int, dtype: str, shape: tuple[int, ...], what: st
                                 f"the file holds {done} of them")
             done += n
     return out
-
-
-def data_error_from_pipeline(exc: Exception) -> DataError | None:
-    """The :class:`DataError` a reader raised inside tf.data (numpy_function), if that is what ``exc`` carries."""
-    match = re.search(r"DataError: ([^\n]+)", str(exc))
-    return DataError(match.group(1).strip()) if match else None
 
 
 def select_count(available: int, requested: int | None, key: str, where: str) -> int:
