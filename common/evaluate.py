@@ -27,11 +27,9 @@ from common.errors import UserInputError
 from common.storage import outputs
 
 
-def load_run(run_dir, schema, data_dir: str | None = None):
-    """(resolved config, trained network) of a run; ``data_dir`` points it at other data."""
-    import keras   # deferred: Keras, so TensorFlow; --help and argument errors answer without it
-
-    run_dir = pathlib.Path(run_dir)
+def require_run(run_dir: pathlib.Path) -> None:
+    """A one-line error unless ``run_dir`` is one finished training run (its ``config.yaml`` and ``model.keras``;
+    a job of several instances is refused, naming its instance folders)."""
     found = outputs.run_kind(run_dir)
     if found is not None and found[0] == "instances":
         count = outputs.recorded_instances(found[1])
@@ -40,6 +38,21 @@ def load_run(run_dir, schema, data_dir: str | None = None):
     for required in ("config.yaml", "model.keras"):
         if not (run_dir / required).is_file():
             raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
+
+
+def application_of(package: str, run_dir):
+    """The application of ``package`` that trained ``run_dir``: the package's only one, or the task the run's
+    ``config.yaml`` chose (the default task's when it has none: loading the run then says so)."""
+    config = pathlib.Path(run_dir) / "config.yaml"
+    return registry.application(package, config if config.is_file() else None)
+
+
+def load_run(run_dir, schema, data_dir: str | None = None):
+    """(resolved config, trained network) of a run; ``data_dir`` points it at other data."""
+    import keras   # deferred: Keras, so TensorFlow; --help and argument errors answer without it
+
+    run_dir = pathlib.Path(run_dir)
+    require_run(run_dir)
     cfg = load_config(schema, run_dir / "config.yaml", [f"data.data_dir={data_dir}"] if data_dir else [])
     # The network is saved uncompiled and with plain Keras layers (trainer._atomic_save_model).
     path = run_dir / "model.keras"
@@ -114,8 +127,7 @@ def evaluate_run(evaluator: Evaluator, run_dir, split: str | None = None, data_d
 def evaluator_of(package: str, run_dir) -> Evaluator:
     """The evaluation of the application of ``package`` that trained ``run_dir``: the package's only one, or the
     task the run's ``config.yaml`` chose (the default task's when it has none: loading the run then says so)."""
-    config = pathlib.Path(run_dir) / "config.yaml"
-    application = registry.application(package, config if config.is_file() else None)
+    application = application_of(package, run_dir)
     if application.evaluation is None:
         raise UserInputError(f"{run_dir}: {application.name} declares no evaluation")
     return application.evaluation

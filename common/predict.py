@@ -40,6 +40,7 @@ from common.application import Predictor
 from common.cli import exit_on_user_error, exit_process
 from common.config import load_config
 from common.deferred import pyplot as plt   # at the first figure (Agg backend)
+from common.deferred import tensorflow as tf   # at the first prediction, after every check
 from common.errors import EXIT_FAILURE, DataError, UserInputError, data_error_from_pipeline
 from common.storage import outputs
 
@@ -186,9 +187,7 @@ def predict_files(predictor: Predictor, run_dir, paths, out, force: bool = False
     working point from the run's validation split); only then is the folder claimed, so a refusal at any of
     these steps leaves it as it was."""
     run_dir, out = pathlib.Path(run_dir), pathlib.Path(out)
-    for required in ("config.yaml", "model.keras"):
-        if not (run_dir / required).is_file():
-            raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
+    evaluate.require_run(run_dir)
     cfg = load_config(predictor.schema, run_dir / "config.yaml")
     options = options if options is not None else argparse.Namespace()
     inputs = [Input(path, predictor.inspect(cfg, path)) for path in expand_inputs(paths, predictor)]
@@ -199,13 +198,14 @@ def predict_files(predictor: Predictor, run_dir, paths, out, force: bool = False
     if predictor.prepare is not None:
         predictor.prepare(cfg, model, options)
     claim = on_every_rank(dist, lambda: claim_output_folder(out, predictor.application, predictor.tool, names, force))
-    writer = PredictionWriter(out, predictor.tool, force, run_dir)
+    attributes = provenance_attributes(run_dir, predictor.tool)   # the model hashed once, for every file
+    writer = PredictionWriter(out, predictor.tool, force, attributes)
     try:
         rows = [predict_one(predictor, writer, cfg, model, item, options) for item in inputs[dist.rank::dist.size]]
         gathered = dist.allgather_object(rows)
         index = {
-            "run_dir": str(run_dir.resolve()), "model_sha256": sha256_of(run_dir / "model.keras"),
-            "suite_version": suite_version(), "application": predictor.application, "ranks": dist.size,
+            "run_dir": attributes["run_dir"], "model_sha256": attributes["model_sha256"],
+            "suite_version": attributes["suite_version"], "application": predictor.application, "ranks": dist.size,
             "inputs": sorted((row for rank_rows in gathered for row in rank_rows), key=lambda row: row["input"]),
         }
         if dist.is_root:
@@ -226,12 +226,9 @@ def predict_files(predictor: Predictor, run_dir, paths, out, force: bool = False
 
 def predict_one(predictor: Predictor, writer, cfg, model, item: Input, options) -> dict:
     """One input's prediction; a read error TensorFlow raised while reading it is a DataError naming it."""
-    tf = sys.modules.get("tensorflow")
     try:
         return predictor.predict(writer, cfg, model, item, options)
-    except Exception as exc:
-        if tf is None or not isinstance(exc, tf.errors.OpError):
-            raise
+    except tf.errors.OpError as exc:   # (the network is loaded: TensorFlow is already imported)
         found = data_error_from_pipeline(exc)
         if found is not None:
             raise found from None
@@ -243,9 +240,9 @@ class PredictionWriter:
     """What one input's prediction writes into the output folder: each name atomically (a temporary file
     beside it, renamed when whole), never over a file the suite did not write unless ``--force``."""
 
-    def __init__(self, out, tool: str, force: bool, run_dir):
+    def __init__(self, out, tool: str, force: bool, attributes: dict[str, str]):
         self.out, self.tool, self.force = pathlib.Path(out), tool, force
-        self.run_dir = pathlib.Path(run_dir)   # the run applied: what the files' provenance names
+        self.attributes = attributes   # the run applied: what every file's provenance says (provenance_attributes)
         self.written: list[pathlib.Path] = []   # by this command, for remove_written
 
     def remove_written(self) -> None:
@@ -254,9 +251,9 @@ class PredictionWriter:
             path.unlink(missing_ok=True)
         self.written.clear()
 
-    def provenance(self, cfg) -> dict[str, str]:
-        """The global attributes every predicted file carries (:func:`provenance_attributes`)."""
-        return provenance_attributes(cfg, self.run_dir, self.tool)
+    def provenance(self) -> dict[str, str]:
+        """The global attributes every predicted file carries (:func:`provenance_attributes`), a copy."""
+        return dict(self.attributes)
 
     @contextlib.contextmanager
     def path(self, name: str, suffix: str = ".partial"):
@@ -285,7 +282,7 @@ class PredictionWriter:
             writer.writerows(rows)
 
 
-def provenance_attributes(cfg, run_dir, tool: str) -> dict[str, str]:
+def provenance_attributes(run_dir, tool: str) -> dict[str, str]:
     """The global attributes every predicted file carries: what wrote it, from which model and config."""
     run_dir = pathlib.Path(run_dir)
     return {outputs.WRITTEN_BY: outputs.provenance(tool), "model_sha256": sha256_of(run_dir / "model.keras"),
@@ -335,5 +332,4 @@ def run_predict(package: str, argv=None, description: str = "") -> int:
 
 def predictor_of(package: str, run_dir) -> Predictor | None:
     """The prediction of the application of ``package`` that trained ``run_dir`` (its config chooses the task)."""
-    config = pathlib.Path(run_dir) / "config.yaml"
-    return registry.application(package, config if config.is_file() else None).prediction
+    return evaluate.application_of(package, run_dir).prediction

@@ -276,7 +276,7 @@ def predict(writer, cfg: HepConfig, model, item, options) -> dict:
                  if name in events.columns)
     hdf5_name, csv_name, figure_name = outputs(cfg, item)
     with writer.path(hdf5_name) as temporary:
-        write_hdf5(temporary, path, table, {**writer.provenance(cfg),
+        write_hdf5(temporary, path, table, {**writer.provenance(),
                                             **point.record()})
     writer.csv(csv_name, list(table), zip(*(values.tolist() for values in table.values())))
     figure = plot_scores(table, point, f"{pathlib.Path(path).name}: {events.count} events ({events.layout})")

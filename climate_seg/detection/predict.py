@@ -354,7 +354,7 @@ def predict(writer, cfg: DetectConfig, model, item, options) -> dict:
         [int(columns["step"][k]), times[k], int(columns["class"][k]), detection_boxes.DETECTION_CLASSES[columns["class"][k]],
          *(repr(float(columns[name][k])) for name in COLUMNS[4:])] for k in range(len(found))])
     with writer.path(netcdf_name, suffix=".partial.nc") as temporary:
-        write_netcdf(temporary, columns, item.info, writer.provenance(cfg), cfg,
+        write_netcdf(temporary, columns, item.info, writer.provenance(), cfg,
                      item.path)
     picture = figure(shown, found, item.info, cfg, item.path.stem)
     writer.figure(picture, figure_name, dpi=100)

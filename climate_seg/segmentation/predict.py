@@ -319,7 +319,7 @@ def predict(writer, cfg: ClimateConfig, model, item, options) -> dict:
     netcdf_name, figure_name = outputs(cfg, item)
     with writer.path(netcdf_name) as temporary:
         write_netcdf(temporary, path, fields, mask, probabilities,
-                     writer.provenance(cfg), k)
+                     writer.provenance(), k)
     lat, lon = coordinates_of(path, fields)
     figure = plot_prediction(read_step(path, fields, 0)[..., CHANNELS.index("TMQ")], mask[0],
                              f"{pathlib.Path(path).name}, time step 0 of {fields.steps}: TMQ and predicted masks",
