@@ -1,6 +1,6 @@
 """How well one volume can determine each parameter: the bound a CosmoFlow result is read against.
 
-Two estimates, for a config's volumes:
+Three estimates, for a config's volumes:
 
 - **Linear-theory Fisher bound** (:func:`linear_fisher`): the Gaussian initial
   field of the mock, P(k) from colossus at z = 0, every Fourier mode of the
@@ -16,15 +16,23 @@ Two estimates, for a config's volumes:
   damping of P(k) by the displacement variance, an integral over the whole
   spectrum), so this is a guide for the initial field, not a ceiling on a
   network.
-- **Regression on binned P(k)** (:func:`spectrum_regression`): log P(k) of
-  every redshift channel of the stored volumes (mock or real, any layout the
-  reader takes), ridge regression fitted on train/ and scored on
-  validation/.  What a two-point statistic gets from exactly the data the
-  network sees: a network that does worse has not learned what the data
-  holds.  ``--features power+pdf`` adds one-point statistics (the
-  counts-in-cells distribution and the skewness and kurtosis of the density
-  at three cell sizes, :func:`one_point_features`): if the same regression
-  does better with them, the volumes hold information beyond P(k).
+- **Regression on the summaries** (:func:`spectrum_regression`): the parts of
+  :mod:`cosmoflow.summaries` (``--features`` joined by '+': power, log_power,
+  cross, one_point, 'pdf' for one_point, or 'all') of every stored volume
+  (mock or real, any layout the reader takes), one ridge regression on all
+  chosen parts together, reported beside ``power`` and each part alone.  The
+  penalty, per target, is chosen on train/ alone (:func:`held_out_penalty`:
+  fitted on the first 80 % of the training files, scored on the last 20 %),
+  then refitted on all of train/; validation/ only scores.  What hand-made
+  statistics get from exactly the data the network sees: a network that does
+  worse has not learned what the data holds.
+- **Summary Fisher bound** (``--summary-fisher``, :func:`summary_fisher`): the
+  Fisher matrix of the same summary vector on the config's mocks, F = D^T C^-1
+  D: D the central difference of the mean summaries at the fiducial +- 5 % of
+  each range (``--fisher-mocks`` seeds, the +- mocks of a seed sharing their
+  phases), C the covariance over the fiducial mocks, one per seed (Hartlap
+  factor on C^-1).  The bound for the baseline's own summaries, marginal
+  errors and best MAE as the linear bound's.
 - **Learning curves** (``--train-sizes 256,512,1024``): the regression on
   nested training sets, each size fitted on the first n files (the ones
   ``data.n_train=n`` gives the network) and on ``--repeats`` - 1 random draws
@@ -33,14 +41,19 @@ Two estimates, for a config's volumes:
     python -m cosmoflow.information --config configs/cosmoflow/science.yaml [--json out.json]
     python -m cosmoflow.information --config configs/cosmoflow/science.yaml --bins 12 \
         --features power+pdf --train-sizes 256,512,1024,2048 --json curve.json
+    python -m cosmoflow.information --config configs/cosmoflow/science.yaml --bins 12 --features all
+    python -m cosmoflow.information --config configs/cosmoflow/science.yaml --bins 4 --features all \
+        --summary-fisher --fisher-mocks 512
     python -m cosmoflow.information --config configs/cosmoflow/demo.yaml --fisher-only --known Omega_m
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import pathlib
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
@@ -49,7 +62,8 @@ from common.config import load_config
 from common.errors import ConfigError
 from common.storage.outputs import write_json
 from cosmoflow.config import CosmoflowConfig, TARGET_NAMES
-from cosmoflow.mock import cosmology_for, ensure_mock_data, measure_power_spectrum, parameter_ranges, wavenumbers
+from cosmoflow.mock import available_cpus, cosmology_for, ensure_mock_data, make_universe, parameter_ranges, wavenumbers
+from cosmoflow.summaries import PDF_EDGES, SUMMARY_PARTS, one_point, summary_length, summary_parts, summary_vector
 
 # Imported where used, not here: scipy and scikit-learn (seconds to import, only for the estimate) and
 # cosmoflow.data (TensorFlow), so that --help answers without them.
@@ -121,10 +135,10 @@ def posterior_mean_mae(sigma: float, samples: int = 200_000, seed: int = 0) -> f
     return float(np.mean(np.abs(estimate - truth)))
 
 
-def fisher_report(cfg, k_max: float | None = None, known: tuple[str, ...] = ()) -> dict:
-    """Per target: the Fisher error (physical and normalised) and the MAE it allows."""
-    mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
-    errors = marginal_errors(linear_fisher(mock, grid, k_max), known)
+def bound_rows(fisher: np.ndarray, mock, known: tuple[str, ...] = ()) -> dict:
+    """Per free target: the marginal error of ``fisher`` (physical and normalised to the [-1, 1] targets) and
+    the best MAE it allows (:func:`posterior_mean_mae`)."""
+    errors = marginal_errors(fisher, known)
     out = {}
     for name, (lo, hi) in zip(TARGET_NAMES, parameter_ranges(mock)):
         if name in errors:
@@ -134,79 +148,87 @@ def fisher_report(cfg, k_max: float | None = None, known: tuple[str, ...] = ()) 
     return out
 
 
-# -- the regression on measured spectra ------------------------------------------------------------
+def fisher_report(cfg, k_max: float | None = None, known: tuple[str, ...] = ()) -> dict:
+    """Per target: the linear Fisher error (physical and normalised) and the MAE it allows."""
+    return bound_rows(linear_fisher(cfg.data.mock, cfg.data.sample_shape[0], k_max), cfg.data.mock, known)
+
+
+# -- the regression on measured summaries ----------------------------------------------------------
 
 def spectrum_features(volume: np.ndarray, box_size: float, n_bins: int = 8) -> np.ndarray:
-    """log P(k) of each channel's overdensity (counts / mean - 1) in ``n_bins`` linear k bins."""
-    features = []
-    for channel in range(volume.shape[-1]):
-        counts = np.asarray(volume[..., channel], np.float64)
-        _, power, _ = measure_power_spectrum(counts / max(counts.mean(), 1e-12) - 1.0, box_size, n_bins)
-        features.append(np.log(np.maximum(power, 1e-30)))
-    return np.concatenate(features)
+    """log P(k) of each channel's overdensity (counts / mean - 1) in ``n_bins`` linear k bins: the ``power``
+    part of :func:`cosmoflow.summaries.summary_parts`."""
+    return summary_parts(volume, box_size, n_bins, ("power",))["power"]
 
 
-# Counts-in-cells bins, in units of the mean count per cell: empty cells, then voids to clusters.
-PDF_EDGES = (0.0, 1e-9, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, np.inf)
-MOMENT_CELLS = (1, 2, 4)   # cell sizes, in voxels per side, for the skewness and kurtosis
+one_point_features = one_point   # the ``one_point`` part, under the name this module has always given it
+
+FEATURE_ALIASES = {"pdf": "one_point"}   # --features power+pdf, as before the parts were named
+PENALTIES = np.logspace(-3, 4, 15)       # ridge penalties tried, on standardised features
+HELD_OUT_FRACTION = 0.2                  # the last 20 % of the training rows choose the penalty
 
 
-def one_point_features(volume: np.ndarray) -> np.ndarray:
-    """Per channel: the fraction of voxels in each :data:`PDF_EDGES` bin of counts / mean, and the skewness
-    and excess kurtosis of the overdensity in cells of 1, 2 and 4 voxels per side (sums of counts): what a
-    Gaussian field's two-point function does not fix."""
-    edges = np.asarray(PDF_EDGES)
-    features = []
-    for channel in range(volume.shape[-1]):
-        counts = np.asarray(volume[..., channel], np.float64)
-        mean = max(counts.mean(), 1e-12)
-        # Bins [low, high), as np.histogram's but 5x faster on a 64^3 volume.
-        which = np.searchsorted(edges, (counts / mean).ravel(), side="right") - 1
-        features.extend(np.bincount(which, minlength=len(edges) - 1)[:len(edges) - 1] / counts.size)
-        n = counts.shape[0]
-        for cell in MOMENT_CELLS:
-            m = n // cell
-            summed = counts[:m * cell, :m * cell, :m * cell]
-            if cell > 1:
-                summed = summed.reshape(m, cell, m, cell, m, cell).sum(axis=(1, 3, 5))
-            delta = summed / max(summed.mean(), 1e-12) - 1.0
-            square = delta * delta   # products, not powers: ** 3 and ** 4 take 10x longer
-            variance = max(square.mean(), 1e-30)
-            features.append(np.mean(square * delta) / variance ** 1.5)
-            features.append(np.mean(square * square) / variance ** 2 - 3.0)
-    return np.array(features)
+def parse_features(text: str) -> tuple[str, ...]:
+    """``--features``: parts of :data:`SUMMARY_PARTS` joined by '+' ('pdf' is ``one_point``), or 'all';
+    returned in :data:`SUMMARY_PARTS` order."""
+    if text.strip() == "all":
+        return SUMMARY_PARTS
+    parts = [FEATURE_ALIASES.get(part.strip(), part.strip()) for part in text.split("+")]
+    if not parts or any(part not in SUMMARY_PARTS for part in parts) or len(set(parts)) != len(parts):
+        raise ConfigError(f"--features: expected parts of {', '.join(SUMMARY_PARTS)} (pdf: one_point) joined by '+', "
+                          f"or all; got {text!r}")
+    return tuple(part for part in SUMMARY_PARTS if part in parts)
 
 
-FEATURE_SETS = ("power", "power+pdf")
+def feature_sets(parts: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """What the regression is fitted on: ``power`` (the reference row), each chosen part alone, and the
+    chosen parts together."""
+    alone = [(part,) for part in SUMMARY_PARTS if part == "power" or part in parts]
+    return alone + ([parts] if len(parts) > 1 else [])
 
 
-def split_features(cfg, split: str, n_bins: int, one_point: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(power-spectrum features, targets, one-point features or None) of every sample of a split, in file
-    order (read raw, not through the pipeline)."""
+def split_features(cfg, split: str, n_bins: int, parts: tuple[str, ...]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """({part: summaries (samples, length)}, targets) of every sample of a split, in file order (read raw,
+    not through the pipeline)."""
     # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
     from cosmoflow.data import raw_samples
 
-    features, targets, extra = [], [], []
+    rows, targets = [], []
     for volume, y in raw_samples(cfg, split):
-        features.append(spectrum_features(volume, cfg.data.mock.box_size_mpc_h, n_bins))
+        rows.append(summary_parts(volume, cfg.data.mock.box_size_mpc_h, n_bins, parts))
         targets.append(y)
-        if one_point:
-            extra.append(one_point_features(volume))
-    return np.array(features), np.array(targets), (np.array(extra) if one_point else None)
+    return {part: np.array([row[part] for row in rows]) for part in parts}, np.array(targets)
 
 
-def spectrum_regression(train_x, train_y, valid_x, valid_y, names) -> dict:
-    """Ridge regression (penalty by cross-validation) of the targets on the features: validation MAE
-    per target and the training-mean baseline."""
-    from sklearn.linear_model import RidgeCV   # deferred: scikit-learn (about 1 s) for the regression alone
+def _ridge(penalty):
+    # deferred: scikit-learn (about 1 s) for the regression alone
+    from sklearn.linear_model import Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    model = make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-3, 4, 15))).fit(train_x, train_y)
+    return make_pipeline(StandardScaler(), Ridge(alpha=penalty))
+
+
+def held_out_penalty(train_x, train_y, penalties=PENALTIES) -> np.ndarray:
+    """Per target, the ridge penalty whose fit on the first 80 % of the training rows has the smallest MAE on
+    the last 20 % (at least one row): chosen on train/ alone, never on what the regression is scored on."""
+    held_out = max(1, int(round(len(train_y) * HELD_OUT_FRACTION)))
+    fit = len(train_y) - held_out
+    errors = [np.abs(_ridge(alpha).fit(train_x[:fit], train_y[:fit]).predict(train_x[fit:]) - train_y[fit:]).mean(axis=0)
+              for alpha in penalties]
+    return np.asarray(penalties)[np.argmin(np.array(errors), axis=0)]
+
+
+def spectrum_regression(train_x, train_y, valid_x, valid_y, names) -> dict:
+    """Ridge regression of the targets on the features, penalty per target by :func:`held_out_penalty`,
+    refitted on all of train/ at that penalty: validation MAE per target, the training-mean baseline, the
+    penalty."""
+    penalty = held_out_penalty(train_x, train_y)
+    model = _ridge(penalty).fit(train_x, train_y)
     error = np.abs(model.predict(valid_x) - valid_y).mean(axis=0)
     baseline = np.abs(valid_y - train_y.mean(axis=0)).mean(axis=0)
-    return {name: {"mae": float(e), "baseline_mae": float(b), "ratio": float(e / b)}
-            for name, e, b in zip(names, error, baseline)}
+    return {name: {"mae": float(e), "baseline_mae": float(b), "ratio": float(e / b), "penalty": float(a)}
+            for name, e, b, a in zip(names, error, baseline, penalty)}
 
 
 def learning_curve(train_x, train_y, valid_x, valid_y, names, sizes, repeats: int, seed: int = 0) -> dict:
@@ -230,6 +252,84 @@ def learning_curve(train_x, train_y, valid_x, valid_y, names, sizes, repeats: in
     return curve
 
 
+# -- the Fisher matrix of the summaries themselves ---------------------------------------------------
+
+SUMMARY_STEP_FRACTION = 0.05   # derivative step: 5 % of each parameter's range (FISHER_STEPS where larger)
+FISHER_SPLIT_ID = 2            # seeds (mock.seed, 2, i): not those of train/ (0) or validation/ (1)
+
+
+def summary_steps(mock) -> np.ndarray:
+    """The finite-difference step of each parameter for the summary Fisher matrix: :data:`FISHER_STEPS`
+    (tuned for the smooth linear P(k)) is far below what counts in voxels resolve, so 5 % of the range."""
+    return np.array([max(FISHER_STEPS[name], SUMMARY_STEP_FRACTION * (hi - lo))
+                     for name, (lo, hi) in zip(TARGET_NAMES, parameter_ranges(mock))])
+
+
+def summary_of_mock(task: tuple) -> np.ndarray:
+    """The summary vector of one mock universe; ``task`` = (parameters, grid, mock, seed, bins, parts).  The
+    rng is seeded by (mock.seed, :data:`FISHER_SPLIT_ID`, seed) alone, so mocks of one seed share their
+    phases whatever their parameters (and whichever worker computes them)."""
+    params, grid, mock, seed, n_bins, parts = task
+    rng = np.random.default_rng([mock.seed, FISHER_SPLIT_ID, seed])
+    volume = make_universe(np.asarray(params, float), grid, mock, rng)
+    return summary_vector(volume, mock.box_size_mpc_h, n_bins, parts)
+
+
+def fisher_from_summaries(fiducial_summaries: np.ndarray, plus: np.ndarray, minus: np.ndarray,
+                          steps: np.ndarray) -> dict:
+    """F = D^T C^-1 D from summaries (mocks, length) at the fiducial and (parameters, mocks, length) at
+    fiducial +- ``steps``.  D: the central difference averaged over the seeds; C: the covariance over the
+    fiducial mocks, its inverse scaled by Hartlap's (n - p - 2) / (n - 1).  Summaries constant over the
+    fiducial mocks (a counts-in-cells bin never reached) are dropped.  Returns the matrix, D, the summaries
+    used, the Hartlap factor, and F from the first half of the seeds' derivatives (its convergence)."""
+    spread = fiducial_summaries.std(axis=0)
+    used = spread > 0
+    n, p = len(fiducial_summaries), int(used.sum())
+    hartlap = (n - p - 2) / (n - 1)
+    if hartlap <= 0:
+        raise ConfigError(f"--fisher-mocks {n}: {n} fiducial mocks cannot estimate the covariance of {p} summaries "
+                          f"(more than {p + 2} needed); use more mocks, fewer --bins or fewer --features parts")
+    # In units of each summary's spread: the correlation matrix is far better conditioned than C.
+    scale = spread[used]
+    correlation = np.corrcoef(fiducial_summaries[:, used], rowvar=False)
+    differences = (plus[..., used] - minus[..., used]) / (2 * steps[:, None, None]) / scale
+
+    def fisher(derivatives):
+        return hartlap * derivatives @ np.linalg.solve(correlation, derivatives.T)
+
+    derivatives = differences.mean(axis=1)
+    return {"fisher": fisher(derivatives), "derivatives": derivatives * scale, "summaries_used": p,
+            "summaries_dropped": int((~used).sum()), "hartlap": hartlap,
+            "fisher_half_seeds": fisher(differences[:, :max(1, n // 2)].mean(axis=1))}
+
+
+def summary_fisher(cfg, n_mocks: int, n_bins: int, parts: tuple[str, ...], workers: int | None = None) -> dict:
+    """The summary Fisher matrix of one volume of ``cfg``'s mocks (:func:`fisher_from_summaries`) from
+    ``n_mocks`` seeds, each at the fiducial and at fiducial +- :func:`summary_steps` of every parameter
+    (9 mocks a seed), computed by ``workers`` processes (default: one per available CPU)."""
+    mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
+    length = summary_length(cfg.data.sample_shape[3], n_bins, parts)
+    if n_mocks < length + 3:   # checked before any mock is drawn; fisher_from_summaries checks what is left
+        raise ConfigError(f"--fisher-mocks {n_mocks}: the covariance of {length} summaries needs more than "
+                          f"{length + 2} fiducial mocks; use more mocks, fewer --bins or fewer --features parts")
+    theta, steps = fiducial(mock), summary_steps(mock)
+    points = [theta] + [theta + sign * steps[i] * np.eye(4)[i] for i in range(4) for sign in (1, -1)]
+    tasks = [(point, grid, mock, seed, n_bins, parts) for seed in range(n_mocks) for point in points]
+    workers = max(1, min(workers or available_cpus(), len(tasks)))
+    if workers > 1:
+        # spawn, not fork, as cosmoflow.mock's generator: no threads of this process are copied
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            summaries = list(pool.map(summary_of_mock, tasks, chunksize=4))
+    else:
+        summaries = [summary_of_mock(task) for task in tasks]
+    summaries = np.array(summaries).reshape(n_mocks, len(points), -1)
+    plus = summaries[:, 1::2].transpose(1, 0, 2)
+    minus = summaries[:, 2::2].transpose(1, 0, 2)
+    result = fisher_from_summaries(summaries[:, 0], plus, minus, steps)
+    result["steps"] = dict(zip(TARGET_NAMES, steps.tolist()))
+    return result
+
+
 def parse_sizes(text: str) -> list[int]:
     """``--train-sizes 256,512``: positive integers, increasing."""
     try:
@@ -241,6 +341,84 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+PART_LABELS = {"power": "log P(k)", "log_power": "log P(k) of log(1 + counts/mean)",
+               "cross": "cross-correlations and growth ratios", "one_point": "one-point statistics"}
+
+
+def set_name(parts: tuple[str, ...]) -> str:
+    return "+".join(parts)
+
+
+def set_label(parts: tuple[str, ...]) -> str:
+    if len(parts) > 2:   # the parts' names: a sentence of four labels would not fit on a line
+        return f"the summaries {set_name(parts)}"
+    return " and ".join(PART_LABELS[part] for part in parts)
+
+
+def regression_report(cfg, args, parts: tuple[str, ...], report: dict) -> None:
+    """The ridge regressions (and learning curves) of every :func:`feature_sets` entry, into ``report``."""
+    if cfg.data.mock.generate_if_missing:
+        ensure_mock_data(cfg)
+    sizes = parse_sizes(args.train_sizes) if args.train_sizes else []
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats: expected at least 1, got {args.repeats}")
+    computed = tuple(part for part in SUMMARY_PARTS if part == "power" or part in parts)
+    train_parts, train_y = split_features(cfg, "train", args.bins, computed)
+    valid_parts, valid_y = split_features(cfg, "validation", args.bins, computed)
+    names = cfg.data.target_names
+    report["regression_samples"] = {"train": len(train_y), "validation": len(valid_y)}
+    report["features"], report["penalty_held_out_fraction"] = set_name(parts), HELD_OUT_FRACTION
+    for chosen in feature_sets(parts):
+        fit_x = np.hstack([train_parts[part] for part in chosen])
+        score_x = np.hstack([valid_parts[part] for part in chosen])
+        rows = spectrum_regression(fit_x, train_y, score_x, valid_y, names)
+        report.setdefault("regressions", {})[set_name(chosen)] = rows
+        # The keys docs/cosmoflow.md and cosmoflow.learning_curve have always read.
+        legacy = {("power",): "power", ("power", "one_point"): "power+pdf"}.get(chosen)
+        if legacy:
+            report["regression" if legacy == "power" else "regression_power_pdf"] = rows
+        print(f"ridge regression on {set_label(chosen)} ({fit_x.shape[1]} numbers, {args.bins} k bins x "
+              f"{cfg.data.sample_shape[3]} redshifts), {len(train_y)} train / {len(valid_y)} validation volumes "
+              f"of {cfg.data.data_dir}:")
+        for name, row in rows.items():
+            print(f"  {name:<8} MAE {row['mae']:.3f} vs {row['baseline_mae']:.3f} for the training mean "
+                  f"({row['ratio']:.2f}x), penalty {row['penalty']:.3g}")
+        if sizes:
+            curve = learning_curve(fit_x, train_y, score_x, valid_y, names, sizes, args.repeats)
+            report.setdefault("learning_curves", {})[set_name(chosen)] = curve
+            if legacy:
+                report.setdefault("learning_curve", {})[legacy] = curve
+            print(f"  learning curve ({set_label(chosen)}), MAE / training-mean MAE, mean +- std over draws:")
+            for n, by_target in curve.items():
+                print(f"    {int(n):>6} volumes: " + ", ".join(
+                    f"{name} {row['ratio_mean']:.3f} +- {row['ratio_std']:.3f}" for name, row in by_target.items()))
+
+
+def summary_fisher_report(cfg, args, parts: tuple[str, ...], report: dict) -> None:
+    """The summary Fisher bound beside the linear one, into ``report``."""
+    if args.fisher_mocks < 2:
+        raise ConfigError(f"--fisher-mocks: expected at least 2, got {args.fisher_mocks}")
+    result = summary_fisher(cfg, args.fisher_mocks, args.bins, parts)
+    rows = bound_rows(result["fisher"], cfg.data.mock, tuple(args.known))
+    half = marginal_errors(result["fisher_half_seeds"], tuple(args.known))
+    for name, row in rows.items():
+        row["sigma_half_seeds"] = half[name]
+    report["summary_fisher"] = {
+        "features": set_name(parts), "mocks_per_point": args.fisher_mocks, "steps": result["steps"],
+        "covariance": "fiducial mocks, other seeds' phases", "summaries_used": result["summaries_used"],
+        "summaries_dropped": result["summaries_dropped"], "hartlap": result["hartlap"],
+        "matrix": result["fisher"].tolist(), "parameters": rows}
+    print(f"summary Fisher bound ({set_label(parts)}, {result['summaries_used']} numbers, {args.bins} k bins; "
+          f"{args.fisher_mocks} seeds x 9 mocks, Hartlap factor {result['hartlap']:.2f}"
+          + (f", {result['summaries_dropped']} constant summaries dropped" if result["summaries_dropped"] else "")
+          + "):")
+    for name, row in rows.items():
+        linear = report["fisher"][name]["best_mae"]
+        print(f"  {name:<8} sigma {row['sigma']:.4g} ({row['sigma_normalised']:.3f} normalised; "
+              f"{row['sigma_half_seeds']:.4g} from half the seeds): best MAE {row['best_mae']:.3f} "
+              f"(linear Fisher: {linear:.3f})")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.information", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
@@ -248,17 +426,26 @@ def main(argv=None) -> int:
     parser.add_argument("--k-max", type=float, help="Fisher: largest wavenumber used, h/Mpc (default: Nyquist)")
     parser.add_argument("--known", action="append", default=[], choices=TARGET_NAMES,
                         help="Fisher: hold this parameter fixed (repeatable)")
-    parser.add_argument("--bins", type=int, default=8, help="regression: k bins per redshift channel")
-    parser.add_argument("--features", choices=FEATURE_SETS, default="power",
-                        help="regression: log P(k) alone, or with one-point statistics (both are reported)")
+    parser.add_argument("--bins", type=int, default=8, help="summaries: k bins per redshift channel")
+    parser.add_argument("--features", default="power",
+                        help=f"summaries: parts of {', '.join(SUMMARY_PARTS)} joined by '+' (pdf: one_point), or all; "
+                             "the regression reports power, each part alone and all of them together")
     parser.add_argument("--train-sizes", help="regression: learning curve on these training-set sizes, e.g. 256,512,1024")
     parser.add_argument("--repeats", type=int, default=3, help="learning curve: fits per size (the first n, then random draws)")
     parser.add_argument("--fisher-only", action="store_true", help="skip the regression (needs no data)")
+    parser.add_argument("--summary-fisher", action="store_true",
+                        help="the Fisher bound of the --features summaries from mocks at the fiducial and +- a step "
+                             "(skips the regression; needs no data)")
+    parser.add_argument("--fisher-mocks", type=int, default=256,
+                        help="summary Fisher: seeds (each 9 mocks); more than the summaries' count + 2")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
 
     with exit_on_user_error():
         cfg = load_config(CosmoflowConfig, args.config, args.set)
+        parts = parse_features(args.features)
+        if args.bins < 1:
+            raise ConfigError(f"--bins: expected at least 1 k bin per redshift channel, got {args.bins}")
         mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
         report = {"grid": grid, "box_size_mpc_h": mock.box_size_mpc_h, "k_max": args.k_max,
                   "data_dir": str(pathlib.Path(cfg.data.data_dir).resolve()), "bins": args.bins,
@@ -268,36 +455,10 @@ def main(argv=None) -> int:
         for name, row in report["fisher"].items():
             print(f"  {name:<8} sigma {row['sigma']:.4g} ({row['sigma_normalised']:.3f} normalised): "
                   f"best MAE {row['best_mae']:.3f} (training mean: 0.5)")
-        if not args.fisher_only:
-            if cfg.data.mock.generate_if_missing:
-                ensure_mock_data(cfg)
-            sizes = parse_sizes(args.train_sizes) if args.train_sizes else []
-            if args.repeats < 1:
-                raise ConfigError(f"--repeats: expected at least 1, got {args.repeats}")
-            one_point = args.features == "power+pdf"
-            train_x, train_y, train_extra = split_features(cfg, "train", args.bins, one_point)
-            valid_x, valid_y, valid_extra = split_features(cfg, "validation", args.bins, one_point)
-            names = cfg.data.target_names
-            feature_sets = {"power": (train_x, valid_x)}
-            if one_point:
-                feature_sets["power+pdf"] = (np.hstack([train_x, train_extra]), np.hstack([valid_x, valid_extra]))
-            report["regression_samples"] = {"train": len(train_y), "validation": len(valid_y)}
-            for features, (fit_x, score_x) in feature_sets.items():
-                key = "regression" if features == "power" else "regression_power_pdf"
-                report[key] = spectrum_regression(fit_x, train_y, score_x, valid_y, names)
-                label = "log P(k)" if features == "power" else "log P(k) and one-point statistics"
-                print(f"ridge regression on {label} ({args.bins} k bins x {cfg.data.sample_shape[3]} redshifts), "
-                      f"{len(train_y)} train / {len(valid_y)} validation volumes of {cfg.data.data_dir}:")
-                for name, row in report[key].items():
-                    print(f"  {name:<8} MAE {row['mae']:.3f} vs {row['baseline_mae']:.3f} for the training mean "
-                          f"({row['ratio']:.2f}x)")
-                if sizes:
-                    curve = learning_curve(fit_x, train_y, score_x, valid_y, names, sizes, args.repeats)
-                    report.setdefault("learning_curve", {})[features] = curve
-                    print(f"  learning curve ({label}), MAE / training-mean MAE, mean +- std over draws:")
-                    for n, rows in curve.items():
-                        print(f"    {int(n):>6} volumes: " + ", ".join(
-                            f"{name} {row['ratio_mean']:.3f} +- {row['ratio_std']:.3f}" for name, row in rows.items()))
+        if args.summary_fisher:
+            summary_fisher_report(cfg, args, parts, report)
+        elif not args.fisher_only:
+            regression_report(cfg, args, parts, report)
         if args.json:
             write_json(args.json, report, "cosmoflow.information")
     return 0

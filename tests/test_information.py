@@ -10,9 +10,10 @@ import pytest
 
 from cosmoflow.config import MockSection
 from common.errors import ConfigError
-from cosmoflow.information import (PDF_EDGES, fiducial, learning_curve, linear_fisher, marginal_errors, mode_counts,
-                                   one_point_features, parse_sizes, posterior_mean_mae, spectrum_features,
-                                   spectrum_regression)
+from cosmoflow.information import (PDF_EDGES, PENALTIES, fiducial, fisher_from_summaries, learning_curve,
+                                   linear_fisher, marginal_errors, mode_counts, one_point_features, parse_features,
+                                   parse_sizes, posterior_mean_mae, spectrum_features, spectrum_regression,
+                                   summary_fisher)
 from tests.conftest import run_python
 
 
@@ -156,3 +157,98 @@ def test_regression_on_mock_spectra_end_to_end(tmp_path):
     assert "ridge regression on log P(k)" in result.stdout and "linear Fisher bound" in result.stdout
     for row in report["regression"].values():
         assert row["ratio"] == pytest.approx(row["mae"] / row["baseline_mae"])
+
+
+def standardised_ridge_mae(fit_x, fit_y, score_x, score_y, penalty):
+    """MAE per target of a ridge fitted in closed form on standardised features (numpy, not scikit-learn)."""
+    centre, spread = fit_x.mean(axis=0), fit_x.std(axis=0)
+    a = (fit_x - centre) / spread
+    weights = np.linalg.solve(a.T @ a + penalty * np.eye(a.shape[1]), a.T @ (fit_y - fit_y.mean(axis=0)))
+    prediction = (score_x - centre) / spread @ weights + fit_y.mean(axis=0)
+    return np.abs(prediction - score_y).mean(axis=0)
+
+
+def test_ridge_penalty_is_chosen_on_held_out_training_rows_only():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((200, 8))
+    train_y = x[:100] @ rng.standard_normal((8, 2)) + 0.3 * rng.standard_normal((100, 2))
+    train_x, valid_x = x[:100], x[100:]
+    valid_y = rng.standard_normal((100, 2))   # unrelated to x: the validation-optimal penalty is the largest
+    # The train-only choice, by hand: fit on the first 80 rows, score on the last 20, per target.
+    held = np.array([standardised_ridge_mae(train_x[:80], train_y[:80], train_x[80:], train_y[80:], alpha)
+                     for alpha in PENALTIES])
+    train_choice = PENALTIES[np.argmin(held, axis=0)]
+    leaked = np.array([standardised_ridge_mae(train_x, train_y, valid_x, valid_y, alpha) for alpha in PENALTIES])
+    assert np.all(PENALTIES[np.argmin(leaked, axis=0)] != train_choice)   # so a leak would show
+    rows = spectrum_regression(train_x, train_y, valid_x, valid_y, ["a", "b"])
+    np.testing.assert_allclose([rows["a"]["penalty"], rows["b"]["penalty"]], train_choice)
+    # Refitted on all 100 training rows at that penalty, scored on validation (closed form to round-off).
+    expected = [standardised_ridge_mae(train_x, train_y, valid_x, valid_y, alpha)[j]
+                for j, alpha in enumerate(train_choice)]
+    np.testing.assert_allclose([rows["a"]["mae"], rows["b"]["mae"]], expected, rtol=1e-9)
+
+
+def test_features_are_parts_joined_by_plus():
+    assert parse_features("power") == ("power",)
+    assert parse_features("power+pdf") == ("power", "one_point")
+    assert parse_features("one_point+cross+power") == ("power", "cross", "one_point")
+    assert parse_features("all") == ("power", "log_power", "cross", "one_point")
+    for bad in ("", "power+power", "bispectrum", "power+"):
+        with pytest.raises(ConfigError, match="--features"):
+            parse_features(bad)
+
+
+def test_fisher_from_summaries_of_a_toy_with_known_derivative_and_covariance():
+    # Summaries s(theta) = A theta + B theta^2 (elementwise) + noise of covariance Sigma, the noise shared by the
+    # +- mocks of one seed (as the phases are): the central difference is exact for a quadratic, so
+    # D = A + 2 B theta0, and F = D Sigma^-1 D^T up to the covariance's sampling (Hartlap removes its bias).
+    rng = np.random.default_rng(11)
+    p, n = 6, 4000
+    a, b = rng.standard_normal((4, p)), rng.standard_normal((4, p))
+    theta0, steps = np.array([0.3, 0.8, 0.96, 70.0]), np.array([0.01, 0.02, 0.006, 1.0])
+    mixing = rng.standard_normal((p, p)) * 0.3 + np.eye(p)
+    sigma = mixing @ mixing.T
+    noise = rng.standard_normal((n, p)) @ mixing.T
+
+    def summaries(theta):
+        return theta @ a + theta ** 2 @ b + noise
+
+    plus = np.array([summaries(theta0 + steps[i] * np.eye(4)[i]) for i in range(4)])
+    minus = np.array([summaries(theta0 - steps[i] * np.eye(4)[i]) for i in range(4)])
+    fiducial_summaries = np.hstack([summaries(theta0), np.full((n, 1), 3.0)])   # plus a constant summary
+    plus, minus = (np.concatenate([m, np.full((4, n, 1), 3.0)], axis=2) for m in (plus, minus))
+    result = fisher_from_summaries(fiducial_summaries, plus, minus, steps)
+    derivative = a + 2 * b * theta0[:, None]
+    # theta^2 at theta = 70 is 4900: round-off of the difference of two such numbers, over 2 * step.
+    np.testing.assert_allclose(result["derivatives"], derivative, rtol=0, atol=1e-9 * 4900 / steps.min())
+    assert result["summaries_used"] == p and result["summaries_dropped"] == 1
+    assert result["hartlap"] == pytest.approx((n - p - 2) / (n - 1))
+    expected = derivative @ np.linalg.solve(sigma, derivative.T)
+    # The inverse of a covariance from n = 4000 draws: each element within a few sqrt(2 / n) = 2 %.
+    np.testing.assert_allclose(result["fisher"], expected, rtol=0.1, atol=0.1 * np.abs(expected).max() * 0.1)
+    with pytest.raises(ConfigError, match="--fisher-mocks 7"):
+        fisher_from_summaries(fiducial_summaries[:7], plus[:, :7], minus[:, :7], steps)
+
+
+def test_summary_fisher_of_tiny_mocks_is_positive_definite(tmp_path):
+    from common.config import load_config
+    from cosmoflow.config import CosmoflowConfig
+
+    cfg = load_config(CosmoflowConfig, "configs/cosmoflow/demo.yaml",
+                      ["data.sample_shape=[16,16,16,4]", "data.mock.box_size_mpc_h=128", f"data.data_dir={tmp_path}"])
+    result = summary_fisher(cfg, n_mocks=20, n_bins=3, parts=("power",), workers=1)
+    assert result["summaries_used"] == 12 and result["hartlap"] == pytest.approx(6 / 19)
+    assert np.all(np.linalg.eigvalsh(result["fisher"]) > 0)
+    # The same seeds at +- a step: d log P / d sigma_8 is 2 / sigma_8 for a linear field; on the largest scales
+    # of z = 1.5, 0.5 and 0 (channels 1-3) the counts are near that (shot noise and the Zel'dovich damping pull
+    # it down by up to 10 % here).  Not at z = 3: displacements there are below the 2 Mpc/h from a lattice site
+    # to a voxel face, so counts change by threshold crossings and the derivative is about twice that.
+    sigma_8 = fiducial(cfg.data.mock)[1]
+    by_channel = result["derivatives"][1].reshape(4, 3)
+    np.testing.assert_allclose(by_channel[1:, 0], 2 / sigma_8, rtol=0.15)
+    # Too few mocks for the summaries' covariance: one line, exit 2, before any mock is drawn.
+    refused = run_python(["-m", "cosmoflow.information", "--config", "configs/cosmoflow/demo.yaml",
+                          "--set", "data.sample_shape=[16,16,16,4]", "--set", f"data.data_dir={tmp_path}",
+                          "--summary-fisher", "--features", "all", "--bins", "4", "--fisher-mocks", "40"], check=False)
+    assert refused.returncode == 2 and "--fisher-mocks 40: the covariance of 130 summaries" in refused.stderr
+    assert not any(tmp_path.iterdir())
