@@ -63,7 +63,7 @@ from common.errors import ConfigError
 from common.storage.outputs import write_json
 from cosmoflow.config import CosmoflowConfig, TARGET_NAMES
 from cosmoflow.mock import available_cpus, cosmology_for, ensure_mock_data, make_universe, parameter_ranges, wavenumbers
-from cosmoflow.summaries import PDF_EDGES, SUMMARY_PARTS, one_point, summary_length, summary_parts, summary_vector
+from cosmoflow.summaries import SUMMARY_PARTS, one_point, summary_length, summary_parts, summary_vector
 
 # Imported where used, not here: scipy and scikit-learn (seconds to import, only for the estimate) and
 # cosmoflow.data (TensorFlow), so that --help answers without them.

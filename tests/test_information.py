@@ -10,10 +10,11 @@ import pytest
 
 from cosmoflow.config import MockSection
 from common.errors import ConfigError
-from cosmoflow.information import (PDF_EDGES, PENALTIES, fiducial, fisher_from_summaries, learning_curve,
+from cosmoflow.information import (PENALTIES, fiducial, fisher_from_summaries, learning_curve,
                                    linear_fisher, marginal_errors, mode_counts, one_point_features, parse_features,
                                    parse_sizes, posterior_mean_mae, spectrum_features, spectrum_regression,
                                    summary_fisher)
+from cosmoflow.summaries import PDF_EDGES
 from tests.conftest import run_python
 
 
