@@ -12,6 +12,11 @@ HOROVOD_GPU ?= 0
 NP         ?= 2
 DEMO_DIR   ?= runs/demo
 PYTEST_ARGS ?=
+# make test's pytest worker processes (pytest-xdist): one per CPU, at most 4.  The tests' own processes leave
+# cores idle much of the time (a TensorFlow import or trace runs on one core; the clusters wait on SLURM), so
+# two workers on two cores finish sooner than one; tests/conftest.py says what a worker takes.  TEST_WORKERS=0: one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-complete
@@ -112,7 +117,7 @@ demo-detect: setup
 	$(PY) -m climate_seg.evaluate --run-dir runs/demo-detect-supervised
 
 test: setup setup-jax
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # The edit-test loop (a few minutes): no SLURM cluster, no Horovod launch, nothing that took over 2.5 s in the
 # recorded run (tests/durations.json; tests/conftest.py says how it chooses).  `make test` is the whole suite.
@@ -121,7 +126,7 @@ test-fast: setup
 
 # The whole suite, recording what each test and fixture took into tests/durations.json (test-fast's choice).
 durations: setup setup-jax
-	HPCDL_RECORD_DURATIONS=$(abspath tests/durations.json) PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+	HPCDL_RECORD_DURATIONS=$(abspath tests/durations.json) PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # Benchmarks (numbers, not pass/fail): each app's demo and full-size config, and
 # 1 process x 2 threads vs 2 Horovod ranks x 1 thread.  JSON in runs/bench/.

@@ -33,7 +33,7 @@ def pytest_sessionfinish(session, exitstatus):
     ``HPCDL_RECORD_DURATIONS=<file>``, what each test and fixture took is written there (``make durations``)."""
     scratch.sweep(SYSTEM_TEMP)
     record = os.environ.get("HPCDL_RECORD_DURATIONS")
-    if record and _TIMES["tests"]:
+    if record and _TIMES["tests"] and not hasattr(session.config, "workerinput"):   # one writer: not a worker
         known = read_durations(pathlib.Path(record), "HPCDL_RECORD_DURATIONS")
         for kind in ("tests", "fixtures"):   # a partial run keeps what it did not run
             known[kind] = dict(sorted({**known.get(kind, {}),
@@ -88,7 +88,10 @@ def pytest_addoption(parser):
                           "in tests/durations.json (make test-fast)")
 
 
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):   # a pytest-xdist worker: its collection is what the scheduler shares out
+        share_out(items)
     if not config.getoption("--fast"):
         return
     recorded = read_durations(DURATIONS, "--fast's record")
@@ -107,17 +110,80 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
+# `make test` runs the suite in `-n N` worker processes (pytest-xdist): a test's processes leave a core idle
+# much of the time (TensorFlow's import and tracing run on one, SLURM and the clusters wait).  What a worker
+# takes is one whole group (FilesAndClusters): a test file (its module and session fixtures are built once), or
+# the two cluster files together (SLURM's daemons and job steps are watched for by name: two clusters up at
+# once would see each other's).  The groups go out longest first, by the recorded durations.
+CLUSTER_FILES = ("tests/test_multinode.py", "tests/test_slurm_cluster.py")
+CLUSTER_MARKERS = ("slurm", "multinode")
+
+
+def group_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "clusters" if path in CLUSTER_FILES else path
+
+
+def share_out(items) -> None:
+    """A worker's collection: every cluster test in a cluster file, the groups longest first (the same order
+    on every worker, each group in its own order)."""
+    strays = [item.nodeid for item in items if any(item.get_closest_marker(m) for m in CLUSTER_MARKERS)
+              and group_of(item.nodeid) != "clusters"]
+    if strays:
+        raise pytest.UsageError(f"{strays[0]}: a test on a SLURM cluster outside {', '.join(CLUSTER_FILES)} "
+                                "(tests/conftest.py CLUSTER_FILES: the files whose tests one worker runs in turn)")
+    recorded = read_durations(DURATIONS, "the recorded durations").get("tests", {}) if DURATIONS.exists() else {}
+    cost: dict[str, float] = {}
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        group = group_of(item.nodeid)
+        cost[group] = cost.get(group, 0.0) + recorded.get(item.nodeid, 1.0)
+        first_seen.setdefault(group, index)
+    items.sort(key=lambda item: (-cost[group_of(item.nodeid)], first_seen[group_of(item.nodeid)]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    # deferred: pytest-xdist, only when it runs the suite (-n)
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndClusters(LoadScopeScheduling):
+        """pytest-xdist's scope scheduling with the suite's groups (:func:`group_of`), in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False   # the workers' order (share_out's) is the one to keep
+    return FilesAndClusters(config, log)
+
+
+_FIXTURES_OF_THIS_SETUP: dict[str, float] = {}
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     started = time.perf_counter()
     yield
-    name = fixturedef.argname
-    _TIMES["fixtures"][name] = max(_TIMES["fixtures"].get(name, 0.0), time.perf_counter() - started)
+    name, took = fixturedef.argname, time.perf_counter() - started
+    _TIMES["fixtures"][name] = max(_TIMES["fixtures"].get(name, 0.0), took)
+    _FIXTURES_OF_THIS_SETUP[name] = max(_FIXTURES_OF_THIS_SETUP.get(name, 0.0), took)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A setup's report carries the fixtures it built: under pytest-xdist only the reports reach the process
+    that records them."""
+    outcome = yield
+    if call.when == "setup":
+        outcome.get_result().user_properties.append(("fixture_seconds", dict(_FIXTURES_OF_THIS_SETUP)))
+        _FIXTURES_OF_THIS_SETUP.clear()
 
 
 def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         _TIMES["tests"][report.nodeid] = report.duration
+    for name, took in dict(report.user_properties).get("fixture_seconds", {}).items():
+        _TIMES["fixtures"][name] = max(_TIMES["fixtures"].get(name, 0.0), took)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -35,16 +35,17 @@ def _imported_modules(tree: ast.AST):
             yield node, node.module
 
 
-def _function_local_imports(tree: ast.AST):
-    """(function, import statement) for every import inside a function body (nested functions once)."""
-    seen = set()
-    for function in ast.walk(tree):
-        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+def _function_local_imports(tree: ast.AST, function: ast.AST | None = None):
+    """(function, import statement) for every import inside a function body, the function being the outermost
+    one around it (nested functions once).  One walk of the tree: walking each function's body again took
+    seconds over the project."""
+    for node in ast.iter_child_nodes(tree):
+        if function is None and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield from _function_local_imports(node, node)
             continue
-        for node in ast.walk(function):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in seen:
-                seen.add(id(node))
-                yield function, node
+        if function is not None and isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield function, node
+        yield from _function_local_imports(node, function)
 
 
 def _top_package(node) -> str:

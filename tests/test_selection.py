@@ -48,3 +48,23 @@ def test_fast_leaves_out_what_the_record_says_took_long():
     assert result.returncode == 0 and QUICK in collected, result.stdout[-2000:] + result.stderr
     assert not collected & set(slow), sorted(collected & set(slow))[:5]
     assert not any("test_slurm_cluster.py" in line or "test_multinode.py" in line for line in collected)
+
+
+def test_make_tests_workers_take_whole_files_and_the_clusters_together():
+    """`make test` (pytest -n N): a file is one worker's, whole (its fixtures are built once); the two cluster
+    files are one group (tests/conftest.py: FilesAndClusters)."""
+    from conftest import CLUSTER_FILES, group_of
+
+    assert {group_of(f"{path}::test_x") for path in CLUSTER_FILES} == {"clusters"}
+    assert group_of("tests/test_config.py::test_x[a::b]") == "tests/test_config.py"
+    files = ("tests/test_config.py", "tests/test_slurm.py", "tests/test_selection.py")
+    result = pytest_run("-n", "2", "-vv", "-k", "not test_make_tests_workers and not test_recording_durations",
+                        *files)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    workers: dict[str, set] = {}
+    for line in result.stdout.splitlines():
+        if "PASSED" in line and line.startswith("[gw"):
+            worker, path = line.split("]", 1)[0][1:], line.split("PASSED", 1)[1].split("::", 1)[0].strip()
+            workers.setdefault(path, set()).add(worker)
+    assert set(workers) == set(files) and all(len(w) == 1 for w in workers.values()), workers
+    assert len(set().union(*workers.values())) == 2, workers   # and both workers had work
