@@ -72,6 +72,7 @@ class Evaluator:
     splits: tuple[str, ...]                     # the first is the default
     curves: tuple[str, ...] | Callable[..., tuple] = ()   # history.csv metrics in training_curves.png (or cfg -> them)
     description: str = ""
+    add_options: Callable[[Any], None] | None = None   # argparse parser -> its own options, given to evaluate by name
 
     @property
     def all_outputs(self) -> tuple[str, ...]:

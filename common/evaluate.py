@@ -106,14 +106,15 @@ class EvaluationWriter:
 
 
 def evaluate_run(evaluator: Evaluator, run_dir, split: str | None = None, data_dir: str | None = None,
-                 force: bool = False) -> dict:
-    """Evaluate the run in ``run_dir`` on ``split`` (default: the evaluator's first); the metrics written."""
+                 force: bool = False, options: dict | None = None) -> dict:
+    """Evaluate the run in ``run_dir`` on ``split`` (default: the evaluator's first); the metrics written.
+    ``options``: the values of the evaluator's own options (its ``add_options``), passed to it by name."""
     split = split or evaluator.splits[0]
     if split not in evaluator.splits:
         raise UserInputError(f"--split {split}: {evaluator.tool} evaluates one of {', '.join(evaluator.splits)}")
     cfg, model = load_run(run_dir, evaluator.schema, data_dir)
     with EvaluationWriter(run_dir, evaluator.tool, evaluator.all_outputs, force) as writer:
-        metrics = evaluator.evaluate(writer, cfg, model, split)
+        metrics = evaluator.evaluate(writer, cfg, model, split, **(options or {}))
         history = writer.run_dir / "history.csv"
         curves = evaluator.curves(cfg) if callable(evaluator.curves) else evaluator.curves
         if curves and history.is_file():
@@ -147,10 +148,14 @@ def run_evaluate(package: str, argv=None, description: str = "") -> int:
     parser.add_argument("--force", action="store_true",
                         help="replace files of the names it writes that this suite did not write"
                              + (f" ({', '.join(known.all_outputs)})" if known else ""))
+    common_options = {action.dest for action in parser._actions}
+    if known is not None and known.add_options is not None:
+        known.add_options(parser)
     args = parser.parse_args(argv)
+    options = {name: value for name, value in vars(args).items() if name not in common_options}
     with exit_on_user_error():
         evaluator = known or evaluator_of(package, args.run_dir)
-        metrics = evaluate_run(evaluator, args.run_dir, args.split, args.data_dir, args.force)
+        metrics = evaluate_run(evaluator, args.run_dir, args.split, args.data_dir, args.force, options)
     for line in evaluator.report(metrics):
         print(line)
     print(f"wrote {pathlib.Path(args.run_dir) / 'metrics.json'}", flush=True)

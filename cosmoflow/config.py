@@ -49,6 +49,9 @@ class CosmoDataSection(DataSection):
     target_scale: list[PositiveFloat] | None = Field(None, description="see target_offset (SC18: zsSTD)")
     apply_log: bool = Field(True, description="x -> log(1 + x); else x / mean(x)")
     augment: bool = Field(False, description="random flips and axis permutations (isotropy)")
+    random_shift: bool = Field(False, description="training rolls each volume by a random offset along each spatial "
+                                                  "axis (the mocks are periodic boxes: a shifted box is another "
+                                                  "draw of the same universe), drawn from the sample's seed")
     shuffle_buffer: NonNegativeInt = Field(0, description="sample shuffle buffer after reading (0: file shuffle only)")
     stage_dir: str | None = Field(None, description="copy each rank's files here (node-local SSD, /dev/shm) before "
                                   "training; $VARIABLES expanded there (/dev/shm/cosmoflow-${SLURM_JOB_ID}: per job)")
@@ -86,6 +89,9 @@ class CosmoModelSection(Section):
                           "combinations of the 4 redshifts at full resolution, the other blocks unchanged")
     kernel_size: PositiveInt = 3
     padding: Literal["same", "valid"] = "same"
+    periodic_padding: bool = Field(False, description="with padding: same, every convolution sees the box as "
+                                                      "periodic (wrapped around, as the mocks are) instead of "
+                                                      "zero-padded at its faces")
     pool_size: PositiveInt = 2
     batch_norm: bool = False
     batch_norm_momentum: float = Field(0.99, gt=0.0, lt=1.0, description="moving-statistics momentum")
@@ -98,6 +104,13 @@ class CosmoModelSection(Section):
     l2: NonNegativeFloat = Field(0.0, description="L2 on the dense kernels")
     leaky_relu_slope: NonNegativeFloat = 0.3
     output_scale: PositiveFloat = Field(1.2, description="tanh output scaled by this")
+
+    @model_validator(mode="after")
+    def _periodic_needs_same(self):
+        if self.periodic_padding and self.padding != "same":
+            raise ValueError("model.periodic_padding needs model.padding: same (it replaces the zeros of same "
+                             "padding by the box's other side)")
+        return self
 
 
 class CosmoflowConfig(AppConfig):

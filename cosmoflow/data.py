@@ -118,6 +118,32 @@ def augment(x, seed):
     return tf.ensure_shape(y, shape)
 
 
+def random_shift_offsets(seed, spatial_shape):
+    """The periodic shift :func:`random_shift` draws for a sample's ``seed``: one offset per spatial axis,
+    in voxels, uniform over 0 .. size - 1.  Its own streams, apart from :func:`augment`'s ``seed`` and
+    ``seed + 1``."""
+    axis_seeds = tf.random.experimental.stateless_split(seed + 2, num=3)
+    return tf.stack([tf.random.stateless_uniform([], seed=axis_seeds[axis], maxval=size, dtype=tf.int32)
+                     for axis, size in enumerate(spatial_shape)])
+
+
+def random_shift(x, seed):
+    """``x`` (x, y, z, channels) rolled periodically along its three spatial axes by
+    :func:`random_shift_offsets`: the mocks are periodic boxes, so a shifted box is the same universe seen
+    from another origin (``np.roll(x, offsets, axis=(0, 1, 2))``)."""
+    return tf.ensure_shape(tf.roll(x, random_shift_offsets(seed, x.shape[:3]), axis=[0, 1, 2]), x.shape)
+
+
+def _training_transform(data):
+    """sample, seed -> the sample under the random symmetries ``data`` asks for (flips and permutations,
+    periodic shift)."""
+    if not data.random_shift:
+        return augment
+    if not data.augment:
+        return random_shift
+    return lambda x, seed: random_shift(augment(x, seed), seed)
+
+
 # -- pipeline ---------------------------------------------------------------------------
 
 def _inspect_tfrecord(cfg: CosmoflowConfig):
@@ -322,9 +348,10 @@ def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, se
     dataset = records
     if training and data.shuffle_buffer:
         dataset = dataset.shuffle(data.shuffle_buffer, seed=seed)
-    if training and data.augment:
+    if training and (data.augment or data.random_shift):
         seeds = tf.data.Dataset.random(seed=seed + 1).batch(2)
-        dataset = tf.data.Dataset.zip((dataset, seeds)).map(lambda xyf, s: (augment(xyf[0], s), *xyf[1:]),
+        transform = _training_transform(data)
+        dataset = tf.data.Dataset.zip((dataset, seeds)).map(lambda xyf, s: (transform(xyf[0], s), *xyf[1:]),
                                                             num_parallel_calls=AUTOTUNE)
     if data.batch_size == 1:  # a batch of one is a reshape, not a 16 MiB copy
         dataset = dataset.map(lambda *sample: tuple(t[tf.newaxis] for t in sample))
