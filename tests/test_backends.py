@@ -18,7 +18,12 @@ JAX_PYTHON = REPO / ".venv-jax" / "bin" / "python"
 def jax_report() -> dict:
     """scripts/backend_bench.py --tiny run in .venv-jax (Keras on JAX, no TensorFlow)."""
     assert JAX_PYTHON.is_file(), f"{JAX_PYTHON} missing: make setup-jax (make test does it)"
-    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO),
+           # XLA's CPU compiler without its expensive optimisations: what is checked here is that each model builds,
+           # trains and counts its FLOPs under JAX, not how fast.  The fixture took 138 s with them and 54 s without
+           # (2-core Xeon, AVX-512, the cores shared with another job).
+           "XLA_FLAGS": " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0",
+                                  "--xla_llvm_disable_expensive_passes=true"]).strip()}
     check = subprocess.run([str(JAX_PYTHON), "-c", "import tensorflow"], capture_output=True, env=env)
     assert check.returncode != 0, "the JAX environment must not have TensorFlow"
     result = subprocess.run([str(JAX_PYTHON), str(REPO / "scripts" / "backend_bench.py"), "--tiny", "--steps", "1"],
