@@ -358,3 +358,24 @@ def test_sigterm_mid_generation_removes_the_work_folder(tmp_path):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 128 + signal.SIGTERM
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_locked_folder_is_refused_before_the_start_up_as_the_lock_refuses_it(tmp_path):
+    """``refuse_if_locked`` (every train's check before TensorFlow loads) reads who holds a run folder's lock
+    without taking it, and refuses with the words the lock itself would."""
+    from common.errors import UserInputError
+    from common.storage.outputs import RUN_LOCK, RunDirLock, refuse_if_locked
+
+    refuse_if_locked(tmp_path / "absent")   # no folder, no lock file: nothing to say
+    refuse_if_locked(tmp_path)
+    holder = RunDirLock(tmp_path, "cosmoflow.train").acquire()
+    try:
+        with pytest.raises(UserInputError) as early:
+            refuse_if_locked(tmp_path)
+        with pytest.raises(UserInputError) as taken:
+            RunDirLock(tmp_path, "cosmoflow.evaluate").acquire()
+        assert str(early.value) == str(taken.value) and "in use by cosmoflow.train (pid " in str(early.value)
+    finally:
+        holder.release()
+    refuse_if_locked(tmp_path)   # released: the file stays, the folder is free again
+    assert (tmp_path / RUN_LOCK).is_file()

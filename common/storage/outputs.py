@@ -590,6 +590,40 @@ def record_external(run_dir, path) -> None:
         _write_marker(run_dir, record)
 
 
+def in_use(run_dir, holder: bytes) -> UserInputError:
+    """The refusal of a folder whose lock another process holds; ``holder``: what its lock file says."""
+    try:
+        who = json.loads(holder.decode(errors="replace").strip())
+        who = f"{who['tool']} (pid {who['pid']} on {who['host']}, since {who['since']})"
+    except (ValueError, KeyError, TypeError):
+        who = "another process"
+    return UserInputError(f"{run_dir}: in use by {who}; two runs in one folder would mix their files: wait for it "
+                          "to end, or choose another --output-dir")
+
+
+def refuse_if_locked(run_dir) -> None:
+    """The :class:`RunDirLock` refusal, read without taking the lock (Linux's /proc/locks lists who holds a
+    flock), so that a command can answer before its start-up.  Silent where that cannot be known here (no
+    /proc/locks, a file system that lists its locks under other device numbers than stat gives): the lock
+    itself, taken later, is the check that counts."""
+    path = pathlib.Path(run_dir) / RUN_LOCK
+    try:
+        status = path.stat()
+        with open("/proc/locks") as handle:
+            table = handle.read()
+    except OSError:
+        return
+    key = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == key:
+            try:
+                holder = path.read_bytes()[:4096]
+            except OSError:
+                holder = b""
+            raise in_use(run_dir, holder)
+
+
 class RunDirLock:
     """An exclusive advisory lock on a run directory (``flock`` on :data:`RUN_LOCK` inside it), held until
     :meth:`release` or the process ends (a killed process releases it: no stale locks).
@@ -616,15 +650,9 @@ class RunDirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            holder = os.pread(fd, 4096, 0)
             os.close(fd)
-            try:
-                who = json.loads(holder)
-                who = f"{who['tool']} (pid {who['pid']} on {who['host']}, since {who['since']})"
-            except (ValueError, KeyError, TypeError):
-                who = "another process"
-            raise UserInputError(f"{self.run_dir}: in use by {who}; two runs in one folder would mix their "
-                                 "files: wait for it to end, or choose another --output-dir") from None
+            raise in_use(self.run_dir, holder) from None
         except OSError as exc:
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 os.close(fd)
