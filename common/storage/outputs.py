@@ -39,6 +39,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 import threading
 
@@ -608,10 +609,12 @@ def refuse_if_locked(run_dir) -> None:
     itself, taken later, is the check that counts."""
     path = pathlib.Path(run_dir) / RUN_LOCK
     try:
-        status = path.stat()
+        status = path.lstat()   # not through a link: the lock refuses one (O_NOFOLLOW), in its own words
         with open("/proc/locks") as handle:
             table = handle.read()
     except OSError:
+        return
+    if not stat.S_ISREG(status.st_mode):
         return
     key = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
     for line in table.splitlines():
