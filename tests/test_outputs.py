@@ -379,3 +379,25 @@ def test_a_locked_folder_is_refused_before_the_start_up_as_the_lock_refuses_it(t
         holder.release()
     refuse_if_locked(tmp_path)   # released: the file stays, the folder is free again
     assert (tmp_path / RUN_LOCK).is_file()
+
+
+def test_a_lock_file_that_is_a_fifo_or_a_link_is_one_line(tmp_path):
+    """What stands at the lock file's name is not opened through or written: a FIFO and a link are refused in a
+    line each, the link's target untouched."""
+    import os
+
+    from common.errors import UserInputError
+    from common.storage.outputs import RUN_LOCK, RunDirLock
+
+    fifo_run, link_run = tmp_path / "fifo", tmp_path / "link"
+    fifo_run.mkdir()
+    link_run.mkdir()
+    os.mkfifo(fifo_run / RUN_LOCK)
+    target = tmp_path / "precious.txt"
+    target.write_text("mine\n")
+    (link_run / RUN_LOCK).symlink_to(target)
+    with pytest.raises(UserInputError, match="lock file is not a regular file"):
+        RunDirLock(fifo_run, "cosmoflow.train").acquire()
+    with pytest.raises(UserInputError, match=r"cannot open the run directory's lock file \(a link"):
+        RunDirLock(link_run, "cosmoflow.train").acquire()
+    assert target.read_text() == "mine\n"

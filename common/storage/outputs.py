@@ -647,9 +647,14 @@ class RunDirLock:
         that holds it if another process does."""
         path = self.run_dir / RUN_LOCK
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
         except OSError as exc:
-            raise UserInputError(f"{path}: cannot open the run directory's lock file ({exc.strerror})") from None
+            reason = "a link, not the lock file this suite writes" if exc.errno == errno.ELOOP else exc.strerror
+            raise UserInputError(f"{path}: cannot open the run directory's lock file ({reason})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):   # a FIFO or a device: the lock's record cannot be kept in it
+            os.close(fd)
+            raise UserInputError(f"{path}: the run directory's lock file is not a regular file; remove it, or "
+                                 "choose another folder")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
