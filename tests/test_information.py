@@ -253,3 +253,23 @@ def test_summary_fisher_of_tiny_mocks_is_positive_definite(tmp_path):
                           "--summary-fisher", "--features", "all", "--bins", "4", "--fisher-mocks", "40"], check=False)
     assert refused.returncode == 2 and "--fisher-mocks 40: the covariance of 130 summaries" in refused.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_bad_json_and_fisher_mocks_are_refused_before_any_work(tmp_path):
+    """--json and --fisher-mocks are checked before the bounds are computed: one line, exit 2, nothing printed
+    before it, a user's file as it was."""
+    users = tmp_path / "user.json"
+    users.write_text('{"mine": 1}\n')
+    (tmp_path / "folder").mkdir()
+    cases = [(["--fisher-only", "--json", str(users)], f"{users}: exists and was not written by this suite"),
+             (["--fisher-only", "--json", str(tmp_path / "folder")], "--json names a folder"),
+             (["--fisher-only", "--json", str(tmp_path / "missing" / "x.json")], "folder not found"),
+             (["--summary-fisher", "--fisher-mocks", "1"], "--fisher-mocks: expected at least 2, got 1")]
+    for extra, expected in cases:
+        result = run_python(["-m", "cosmoflow.information", "--config", "configs/cosmoflow/demo.yaml", *extra],
+                            check=False)
+        assert result.returncode == 2 and expected in result.stderr, (extra, result.stderr[-2000:])
+        assert "linear Fisher bound" not in result.stdout, extra   # refused before the work
+        assert [line for line in result.stderr.splitlines() if line.startswith("error:")] \
+            == result.stderr.strip().splitlines()[-1:], result.stderr
+    assert users.read_text() == '{"mine": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["folder", "user.json"]
