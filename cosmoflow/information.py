@@ -62,7 +62,8 @@ from common.config import load_config
 from common.errors import ConfigError, UserInputError
 from common.storage.outputs import check_replaceable, check_writable_folder, write_json
 from cosmoflow.config import CosmoflowConfig, TARGET_NAMES
-from cosmoflow.mock import available_cpus, cosmology_for, ensure_mock_data, make_universe, parameter_ranges, wavenumbers
+from cosmoflow.mock import (available_cpus, cosmology_for, ensure_mock_data, make_universe, parameter_ranges,
+                            rfft_mode_weights, wavenumbers)
 from cosmoflow.summaries import SUMMARY_PARTS, one_point, summary_length, summary_parts, summary_vector
 
 # Imported where used, not here: scipy and scikit-learn (seconds to import, only for the estimate) and
@@ -79,10 +80,7 @@ def fiducial(mock) -> np.ndarray:
 def mode_counts(grid: int, box_size: float, k_max: float | None = None, n_bins: int = 64):
     """(k centres, number of Fourier modes) of an grid^3 box up to ``k_max``, counting k and -k apart."""
     k, _ = wavenumbers(grid, box_size)
-    weight = np.full(k.shape, 2.0)   # rfft keeps one of each +-k pair, except on its first and last planes
-    weight[..., 0] = 1.0
-    if grid % 2 == 0:
-        weight[..., -1] = 1.0
+    weight = rfft_mode_weights(k, grid)
     k_max = np.pi * grid / box_size if k_max is None else k_max
     keep = (k > 0) & (k <= k_max)
     k, weight = k[keep], weight[keep]

@@ -89,6 +89,16 @@ def wavenumbers(n: int, box_size: float):
     return k, (kx3, ky3, kz3)
 
 
+def rfft_mode_weights(k: np.ndarray, n: int) -> np.ndarray:
+    """How many Fourier modes each entry of an n^3 rfftn grid (``k`` its |k|) stands for: 2, itself and the
+    conjugate rfftn drops, but 1 on the planes it keeps whole (the first, and the last for even n)."""
+    weight = np.full(k.shape, 2.0)
+    weight[..., 0] = 1.0
+    if n % 2 == 0:
+        weight[..., -1] = 1.0
+    return weight
+
+
 def gaussian_random_field_k(n: int, box_size: float, power, rng: np.random.Generator) -> np.ndarray:
     """Fourier modes (numpy rfftn convention) of a Gaussian field with spectrum ``power(k)``.
 
@@ -112,11 +122,7 @@ def measure_power_spectrum(delta: np.ndarray, box_size: float, n_bins: int = 16)
     modes = np.fft.rfftn(delta)
     k, _ = wavenumbers(n, box_size)
     power = np.abs(modes) ** 2 * box_size ** 3 / n ** 6
-    # rfft keeps half the modes: weight the ones whose conjugate is dropped twice.
-    weight = np.full(k.shape, 2.0)
-    weight[..., 0] = 1.0
-    if n % 2 == 0:
-        weight[..., -1] = 1.0
+    weight = rfft_mode_weights(k, n)
     k_fundamental = 2 * np.pi / box_size
     k_nyquist = np.pi * n / box_size
     edges = np.linspace(k_fundamental * 0.5, k_nyquist, n_bins + 1)

@@ -22,7 +22,7 @@ initial field.  Four parts, each a 1-D float64 array (:func:`summary_parts`), co
 Logs are guarded (an empty channel or bin gives log(1e-30), not -inf), so the vector is finite.  Each field
 costs one rfftn; the k-bin index of a (grid, box, bins) is computed once and cached.  The vector is invariant
 under the cube's 48 symmetries; under periodic shifts the Fourier parts are, the one-point moments of cells
-larger than a voxel only for shifts by multiples of the cell.  numpy only (the other helpers import it).
+larger than a voxel only for shifts by multiples of the cell.  numpy only (no TensorFlow).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from itertools import combinations
 import numpy as np
 
 from common.errors import ConfigError
+from cosmoflow.mock import rfft_mode_weights, wavenumbers
 
 SUMMARY_PARTS = ("power", "log_power", "cross", "one_point")
 
@@ -50,14 +51,8 @@ def k_binning(grid: int, box_size: float, n_bins: int):
 
     Bins are linear from half the fundamental wavenumber to the Nyquist one, as
     :func:`cosmoflow.mock.measure_power_spectrum`; the weight counts a mode whose conjugate rfftn drops twice."""
-    kx = 2.0 * np.pi * np.fft.fftfreq(grid, d=box_size / grid)
-    kz = 2.0 * np.pi * np.fft.rfftfreq(grid, d=box_size / grid)
-    kx3, ky3, kz3 = np.meshgrid(kx, kx, kz, indexing="ij", sparse=True)
-    k = np.sqrt(kx3 ** 2 + ky3 ** 2 + kz3 ** 2)
-    weight = np.full(k.shape, 2.0)
-    weight[..., 0] = 1.0
-    if grid % 2 == 0:
-        weight[..., -1] = 1.0
+    k, _ = wavenumbers(grid, box_size)
+    weight = rfft_mode_weights(k, grid)
     edges = np.linspace(np.pi / box_size, np.pi * grid / box_size, n_bins + 1)
     index = np.digitize(k.ravel(), edges) - 1
     inside = np.flatnonzero((index >= 0) & (index < n_bins))
