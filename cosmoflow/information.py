@@ -393,9 +393,7 @@ def regression_report(cfg, args, parts: tuple[str, ...], report: dict) -> None:
 
 
 def summary_fisher_report(cfg, args, parts: tuple[str, ...], report: dict) -> None:
-    """The summary Fisher bound beside the linear one, into ``report``."""
-    if args.fisher_mocks < 2:
-        raise ConfigError(f"--fisher-mocks: expected at least 2, got {args.fisher_mocks}")
+    """The summary Fisher bound beside the linear one, into ``report`` (``main`` has checked --fisher-mocks)."""
     result = summary_fisher(cfg, args.fisher_mocks, args.bins, parts)
     rows = bound_rows(result["fisher"], cfg.data.mock, tuple(args.known))
     half = marginal_errors(result["fisher_half_seeds"], tuple(args.known))

@@ -132,7 +132,7 @@ def share_out(items) -> None:
     if strays:
         raise pytest.UsageError(f"{strays[0]}: a test on a SLURM cluster outside {', '.join(CLUSTER_FILES)} "
                                 "(tests/conftest.py CLUSTER_FILES: the files whose tests one worker runs in turn)")
-    recorded = read_durations(DURATIONS, "the recorded durations").get("tests", {}) if DURATIONS.exists() else {}
+    recorded = read_durations(DURATIONS, "the recorded durations").get("tests", {})
     cost: dict[str, float] = {}
     first_seen: dict[str, int] = {}
     for index, item in enumerate(items):
