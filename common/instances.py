@@ -117,6 +117,7 @@ def run_instances(app, cfg, dist, output_dir, train_one, resume: bool = False, f
     k = dist.instance_index
     logs.configure(dist.rank, dist.size, ("common", app.package), instance=k)
     job_folder = JobFolder(app, output_dir, cfg.distributed.instances, resume, force)
+    refused_together = False   # the gate refused on every rank: each undoes its instance's claim, then the job's
     try:
         refusal = job_folder.claim() if dist.world_rank == 0 else None
         refusal = dist.world_allgather_object(refusal)[0]
@@ -127,6 +128,8 @@ def run_instances(app, cfg, dist, output_dir, train_one, resume: bool = False, f
             verdicts = dist.world_allgather_object((k, refusal))
             refused = [(index, reason) for index, reason in verdicts if reason is not None]
             if refused:
+                nonlocal refused_together
+                refused_together = True
                 index, reason = refused[0]
                 raise UserInputError(f"instance {index} of {cfg.distributed.instances}: {reason}; no instance started")
             if final and dist.world_rank == 0:
@@ -145,6 +148,10 @@ def run_instances(app, cfg, dist, output_dir, train_one, resume: bool = False, f
         dist.world_barrier()
         return job_exit_code([row["exit_code"] for row in report["instances"]])
     finally:
+        if refused_together:
+            # Every instance's run folder is undone (the trainer's close) before the job's folder is: rank 0
+            # removes the job folder only when empty, and an instance's rank may be slower to leave than rank 0.
+            dist.world_barrier()
         job_folder.release()
 
 
