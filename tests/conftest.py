@@ -412,16 +412,32 @@ def job(cluster, job_id) -> dict:
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
-def wait_for(condition, timeout, what, seen=()):
+def wait_for(condition, timeout, what, seen=(), about=None):
     """The first true value of condition(), polled every 0.5 s; past timeout, an error that names what
-    was awaited and, if given, what was seen meanwhile (a list the condition fills)."""
+    was awaited and, if given, what was seen meanwhile (a list the condition fills) and what ``about()``
+    says then (a job's state, the end of its log)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; seen: {seen[-20:]}" if seen else ""))
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; seen: {seen[-20:]}" if seen else "")
+                         + (f"\n{about()}" if about is not None else ""))
+
+
+# How long a job on a test cluster may take to reach its second epoch.  Alone it takes 20-40 s; beside the
+# other pytest worker's multi-rank tests (every Horovod rank is a session of its own, and the kernel's
+# autogroups share the CPU per session) it took 178 s here, and more than 180 s in CI: a bound for a job
+# that does not start at all, not a speed target.
+STARTUP_S = 600
+
+
+def job_and_log(cluster, job_id, log) -> str:
+    """A job's state and the end of its log: what a timed-out wait on a test cluster shows."""
+    info = job(cluster, job_id)
+    state = {key: info.get(key) for key in ("JobState", "Reason", "Restarts", "NodeList", "ExitCode", "RunTime")}
+    return f"job {job_id}: {state}\n{log} ends with:\n{read(log)[-2000:]}"
 
 
 def finished(cluster, job_id, timeout=600) -> dict:

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from common.storage import checkpoint
-from conftest import (REPO, final_weights, finished, job, live_processes, python_env, read, submit,
-                      tiny_cosmo_overrides, wait_for)
+from conftest import (REPO, STARTUP_S, final_weights, finished, job, job_and_log, live_processes, python_env, read,
+                      submit, tiny_cosmo_overrides, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm]
 
@@ -204,7 +204,8 @@ def test_a_node_lost_mid_run_resumes_on_the_nodes_left(virtual_cluster, tiny_cos
                      sbatch=("--nodes=2-3",), epochs=epochs)
     first_log = run / "train.restart-0.log"
     try:
-        wait_for(lambda: "epoch 2/" in read(first_log), 300, "the job's second epoch")
+        wait_for(lambda: "epoch 2/" in read(first_log), STARTUP_S, "the job's second epoch",
+                 about=lambda: job_and_log(cluster, job_id, first_log))
         assert job(cluster, job_id)["NodeList"] == "node[1-3]"
         killed = time.time()
         local_slurm(cluster, "kill", "node2")

@@ -15,7 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import final_weights, finished, job, live_processes, read, submit, tiny_cosmo_overrides, wait_for
+from conftest import (STARTUP_S, final_weights, finished, job, job_and_log, live_processes, read, submit,
+                      tiny_cosmo_overrides, wait_for)
 
 pytestmark = pytest.mark.slurm
 
@@ -73,7 +74,8 @@ def test_preemption_requeue_and_exact_resume(slurm_cluster, tiny_cosmo_data, tmp
     # The scripts ask for whole nodes (--exclusive): jobs on the one node run one after another, so the
     # uninterrupted reference runs while the requeued job waits.
     preempted = knl(slurm_cluster, run, tiny_cosmo_data, *deterministic, sbatch=("--time=15",), **settings)
-    wait_for(lambda: "epoch 2/24:" in read(run / "train.restart-0.log"), 300, "training to start")
+    wait_for(lambda: "epoch 2/24:" in read(run / "train.restart-0.log"), STARTUP_S, "training to start",
+             about=lambda: job_and_log(slurm_cluster, preempted, run / "train.restart-0.log"))
     subprocess.run(["scancel", "--batch", "--signal=USR1", str(preempted)], env={**os.environ, **slurm_cluster},
                    check=True)
     # The trainer checkpoints and exits 75, the script requeues: the job waits (BeginTime) to run again.
@@ -122,7 +124,8 @@ def test_a_killed_rank_ends_the_job_promptly(slurm_cluster, tiny_cosmo_data, tmp
     run = tmp_path / "run"
     job_id = knl(slurm_cluster, run, tiny_cosmo_data, epochs=200, batch_size=1)
     log = run / "train.restart-0.log"
-    wait_for(lambda: "epoch 2/200:" in read(log), 180, "training to start")
+    wait_for(lambda: "epoch 2/200:" in read(log), STARTUP_S, "training to start",
+             about=lambda: job_and_log(slurm_cluster, job_id, log))
     ranks = wait_for(lambda: len(pids := rank_pids(run)) == 2 and pids, 30, "two ranks")
     killed = time.time()
     os.kill(ranks[1], 9)
