@@ -80,7 +80,7 @@ def test_preemption_requeue_and_exact_resume(slurm_cluster, tiny_cosmo_data, tmp
                    check=True)
     # The trainer checkpoints and exits 75, the script requeues: the job waits (BeginTime) to run again.
     requeued = wait_for(lambda: (info := job(slurm_cluster, preempted)).get("Restarts") == "1"
-                        and info.get("JobState") == "PENDING" and info, 150, "the requeued job to wait again")
+                        and info.get("JobState") == "PENDING" and info, 300, "the requeued job to wait again")
     reference = knl(slurm_cluster, tmp_path / "reference", tiny_cosmo_data, *deterministic, sbatch=("--time=15",),
                     **settings)
     assert "requeueing job" in read(f"{run}.out"), read(f"{run}.out")
