@@ -426,10 +426,11 @@ def wait_for(condition, timeout, what, seen=(), about=None):
                          + (f"\n{about()}" if about is not None else ""))
 
 
-# How long a job on a test cluster may take to reach its second epoch.  Alone it takes 20-40 s; beside the
-# other pytest worker's multi-rank tests (every Horovod rank is a session of its own, and the kernel's
-# autogroups share the CPU per session) it took 178 s here, and more than 180 s in CI: a bound for a job
-# that does not start at all, not a speed target.
+# How long a tiny training may take to reach its first epochs (a checkpoint, a log line) before a test calls it
+# stuck.  Alone it takes 10-40 s; beside the other pytest worker's multi-rank tests (every Horovod rank is a
+# session of its own, and the kernel's autogroups share the CPU per session) a SLURM job took 178 s here to
+# its second epoch and more than 180 s in CI, and a lone run more than 120 s to its first checkpoint: a bound
+# for a run that does not start at all, not a speed target.
 STARTUP_S = 600
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from common.storage import checkpoint
 from common.errors import DataError, NonFiniteLoss
-from conftest import REPO, python_env, run_python, tiny_cosmo_overrides
+from conftest import REPO, STARTUP_S, python_env, run_python, tiny_cosmo_overrides
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
 SHAPE = (16, 16, 16, 4)
@@ -194,7 +194,7 @@ def test_a_second_training_on_the_same_folder_is_refused(tiny_cosmo_data, tmp_pa
     args = [sys.executable, *train_args(tiny_cosmo_data, run_dir, epochs=500, batch_size=1)]
     first = subprocess.Popen(args, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
-    deadline = time.time() + 120
+    deadline = time.time() + STARTUP_S
     while not (run_dir / "checkpoints" / "ckpt-epoch-00001.npz").exists():
         assert first.poll() is None and time.time() < deadline, first.communicate()
         time.sleep(0.05)

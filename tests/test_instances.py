@@ -19,7 +19,7 @@ import pytest
 from common.config import instance_configs, load_config
 from common.errors import ConfigError
 from common.instances import job_exit_code, summarize, table, weak_scaling
-from conftest import REPO, last_json_line, launcher, python_env, run_python, tiny_cosmo_overrides
+from conftest import REPO, STARTUP_S, last_json_line, launcher, python_env, run_python, tiny_cosmo_overrides
 from cosmoflow.config import CosmoflowConfig
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
@@ -229,7 +229,7 @@ def test_preemption_stops_every_instance_and_resume_continues_each(tiny_cosmo_da
     process = subprocess.Popen([*launcher(4), sys.executable, *args],
                                cwd=REPO, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = [run_dir / f"instance-{k}" / "checkpoints" / "ckpt-epoch-00001.npz" for k in (0, 1)]
-    deadline = time.time() + 300
+    deadline = time.time() + STARTUP_S
     while not any(p.exists() for p in first):   # then neither instance is near its sixth epoch
         assert process.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
         time.sleep(0.2)

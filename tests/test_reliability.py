@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from common.storage import checkpoint
-from conftest import REPO, launcher, python_env, run_python, tiny_cosmo_overrides
+from conftest import REPO, STARTUP_S, launcher, python_env, run_python, tiny_cosmo_overrides
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
 # Everything random at work: dropout, augmentation, a sample shuffle buffer; 32 steps per epoch.
@@ -38,7 +38,7 @@ def start(args):
                             text=True)
 
 
-def wait_for(predicate, process, timeout=300):
+def wait_for(predicate, process, timeout=STARTUP_S):
     deadline = time.time() + timeout
     while not predicate():
         if process.poll() is not None:
