@@ -73,6 +73,7 @@ class Evaluator:
     curves: tuple[str, ...] | Callable[..., tuple] = ()   # history.csv metrics in training_curves.png (or cfg -> them)
     description: str = ""
     add_options: Callable[[Any], None] | None = None   # argparse parser -> its own options, given to evaluate by name
+    layers_module: str = ""                     # registers the network's own Keras layers: imported before it loads
 
     @property
     def all_outputs(self) -> tuple[str, ...]:
@@ -99,6 +100,7 @@ class Predictor:
     # leaves it as it was)
     prepare: Callable[[Any, Any, Any], None] | None = None
     description: str = ""
+    layers_module: str = ""                     # registers the network's own Keras layers: imported before it loads
 
     @property
     def application(self) -> str:
@@ -119,6 +121,10 @@ class Parts:
     # (cfg, samples) -> {"samples_per_second", "bytes_per_sample", ...}: the simplest one-core loop doing what
     # the input pipeline does (common.tools.bench --input-only); None: no ceiling for this application yet
     input_ceiling: Callable[[Any, int], dict] | None = None
+    # (network, cfg, Distributed): what the built network takes from the training data (e.g. a standardisation),
+    # set before training starts; rank 0's values reach the others with the weights (and a resume's checkpoint
+    # replaces them)
+    prepare_network: Callable[[Any, Any, Any], None] | None = None
 
 
 class _Part:
@@ -151,6 +157,7 @@ class Application:
     prepare_data = _Part()
     check_data = _Part()
     input_ceiling = _Part()
+    prepare_network = _Part()
 
     @functools.cached_property
     def loaded_parts(self) -> Parts:

@@ -14,6 +14,7 @@ output name before any work, the run folder's lock, the training curves, ``wrote
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import pathlib
 import zipfile
@@ -47,8 +48,9 @@ def application_of(package: str, run_dir):
     return registry.application(package, config if config.is_file() else None)
 
 
-def load_run(run_dir, schema, data_dir: str | None = None):
-    """(resolved config, trained network) of a run; ``data_dir`` points it at other data."""
+def load_run(run_dir, schema, data_dir: str | None = None, layers_module: str = ""):
+    """(resolved config, trained network) of a run; ``data_dir`` points it at other data; ``layers_module``
+    registers the network's own Keras layers (the application's, imported first)."""
     import keras   # deferred: Keras, so TensorFlow; --help and argument errors answer without it
 
     run_dir = pathlib.Path(run_dir)
@@ -58,6 +60,8 @@ def load_run(run_dir, schema, data_dir: str | None = None):
     path = run_dir / "model.keras"
     if not os.access(path, os.R_OK):
         raise UserInputError(f"{path}: cannot be read (no read permission)")
+    if layers_module:
+        importlib.import_module(layers_module)
     try:
         return cfg, keras.models.load_model(path, compile=False)
     except (ValueError, OSError, KeyError, TypeError, zipfile.BadZipFile) as exc:
@@ -112,7 +116,7 @@ def evaluate_run(evaluator: Evaluator, run_dir, split: str | None = None, data_d
     split = split or evaluator.splits[0]
     if split not in evaluator.splits:
         raise UserInputError(f"--split {split}: {evaluator.tool} evaluates one of {', '.join(evaluator.splits)}")
-    cfg, model = load_run(run_dir, evaluator.schema, data_dir)
+    cfg, model = load_run(run_dir, evaluator.schema, data_dir, evaluator.layers_module)
     with EvaluationWriter(run_dir, evaluator.tool, evaluator.all_outputs, force) as writer:
         metrics = evaluator.evaluate(writer, cfg, model, split, **(options or {}))
         history = writer.run_dir / "history.csv"

@@ -194,7 +194,7 @@ def predict_files(predictor: Predictor, run_dir, paths, out, force: bool = False
     names = [name for written in output_names(predictor, cfg, inputs).values() for name in written]
     dist = dist or distributed.Distributed()
     on_every_rank(dist, lambda: check_output_folder(out, names, force))
-    cfg, model = evaluate.load_run(run_dir, predictor.schema)
+    cfg, model = evaluate.load_run(run_dir, predictor.schema, layers_module=predictor.layers_module)
     if predictor.prepare is not None:
         predictor.prepare(cfg, model, options)
     claim = on_every_rank(dist, lambda: claim_output_folder(out, predictor.application, predictor.tool, names, force))

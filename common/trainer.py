@@ -151,6 +151,8 @@ def prepare_run(app: Application, cfg: AppConfig, dist: Distributed, datasets: D
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserInputError(f"{app.name}: the model section cannot be built for this data ({first}); check "
                              "model.* against data.sample_shape / data.image_size / data.grid") from None
+    if app.prepare_network is not None:
+        app.prepare_network(network, cfg, dist)
     for output in network.outputs:
         if output.dtype != "float32":
             raise TypeError(f"{app.name} model output {output.name} is {output.dtype}; build the last layer "
