@@ -20,7 +20,7 @@ def parts() -> Parts:
 
     return Parts(build_model=model.build_model, build_datasets=data.build_datasets, loss=loss.build_loss,
                  metrics=loss.build_metrics, prepare_data=mock.prepare_data, check_data=data.check_data,
-                 input_ceiling=data.input_ceiling)
+                 input_ceiling=data.input_ceiling, prepare_network=model.prepare_network)
 
 
 def _mlperf_hyperparameters(cfg: CosmoflowConfig, schedule) -> dict:

@@ -104,12 +104,20 @@ class CosmoModelSection(Section):
     l2: NonNegativeFloat = Field(0.0, description="L2 on the dense kernels")
     leaky_relu_slope: NonNegativeFloat = 0.3
     output_scale: PositiveFloat = Field(1.2, description="tanh output scaled by this")
+    summaries: list[Literal["power", "log_power", "cross", "one_point"]] = Field(
+        default_factory=list, description="summary statistics of each volume (cosmoflow.summaries, the ridge "
+                                          "baseline's) computed in the network from its counts, standardised, "
+                                          "into the dense head beside the convolutional features; [] (off): the "
+                                          "network of the papers")
+    summary_bins: PositiveInt = Field(12, description="k bins of the Fourier summaries (model.summaries)")
 
     @model_validator(mode="after")
     def _periodic_needs_same(self):
         if self.periodic_padding and self.padding != "same":
             raise ValueError("model.periodic_padding needs model.padding: same (it replaces the zeros of same "
                              "padding by the box's other side)")
+        if len(set(self.summaries)) != len(self.summaries):
+            raise ValueError(f"model.summaries {self.summaries}: a part is named twice")
         return self
 
 

@@ -323,6 +323,14 @@ def targets_transform(cfg: CosmoflowConfig, layout: SampleLayout):
     return lambda y: (tf.gather(y, index, axis=-1) - offset) / scale
 
 
+def network_input(x, cfg: CosmoflowConfig, dtype=tf.float32):
+    """A batch of stored volumes as the network takes them: :func:`normalise`d in ``dtype``, or with
+    ``model.summaries`` the counts in float32 (that network normalises them itself, :mod:`cosmoflow.model`)."""
+    if cfg.model.summaries:
+        return tf.cast(x, tf.float32)
+    return normalise(x, cfg.data.apply_log, dtype)
+
+
 def _inputs_and_targets(cfg: CosmoflowConfig, layout: SampleLayout, dtype=tf.float32):
     """(x, y, files, sized) batch -> (normalised x, selected targets), both checked (:func:`check_batch`)."""
     data = cfg.data
@@ -333,7 +341,7 @@ def _inputs_and_targets(cfg: CosmoflowConfig, layout: SampleLayout, dtype=tf.flo
     def finish(x, y, files, sized):
         y = targets(y)
         zero = check_batch(x, y, files, sized, cfg.model.output_scale, expected)
-        return normalise(x, data.apply_log, dtype), y + zero
+        return network_input(x, cfg, dtype), y + zero
 
     return finish
 
@@ -599,6 +607,6 @@ def prediction_inputs(cfg: CosmoflowConfig, layout: SampleLayout):
     def finish(x, y, files, sized):
         stored = tf.gather(y, index, axis=-1)
         zero = check_batch(x, stored, files, sized, math.inf, expected)
-        return normalise(x, data.apply_log), stored + zero
+        return network_input(x, cfg), stored + zero
 
     return finish

@@ -201,7 +201,7 @@ EVALUATOR = Evaluator(
     tool="cosmoflow.evaluate", schema=CosmoflowConfig, evaluate=_evaluate, report=report,
     outputs=("metrics.json", "predictions.npz", "pred_vs_true.png"), splits=("validation", "train"),
     curves=lambda cfg: ("loss", "mae", *(f"mae_{name}" for name in cfg.data.target_names)), description="Evaluate a CosmoFlow run.",
-    add_options=add_options)
+    add_options=add_options, layers_module="cosmoflow.model")
 
 
 def evaluate(run_dir, split: str = "validation", data_dir: str | None = None, force: bool = False,

@@ -15,6 +15,14 @@ the network is then invariant under a periodic shift of its input by a multiple 
 The wrap is built of plain Keras layers (two crops and a concatenation per axis): the saved network loads
 with Keras alone, and the FLOP count of the convolutions is that of ``same`` padding.
 
+With ``summaries`` (issue 49: Min et al. 2024 give a network the measured statistics and let it learn what is
+left) the network takes the particle counts in float32 and normalises them itself (:class:`NormaliseCounts`,
+what the input pipeline does otherwise: the same values into the first convolution); :class:`VolumeSummaries`
+computes the summary statistics of :mod:`cosmoflow.summaries` from the same counts (the ridge baseline's
+numbers, to float32 round-off), standardised by the mean and standard deviation of the training volumes'
+(:func:`prepare_network`), and they join the convolutional features before the dense layers.  Those two layers
+are the package's own: a saved network loads with Keras once ``cosmoflow.model`` is imported.
+
 ``configs/cosmoflow/mlperf.yaml`` gives the reference network at 128^3 x 4:
 8,907,556 parameters, 68.86 GFLOP forward per sample.  The SC18 variant
 (16 filters, kernel 2, valid padding, batch norm, 64^3 x 1, 3 targets) is a
@@ -23,13 +31,194 @@ matter of config.
 
 from __future__ import annotations
 
-import keras
-from keras import layers
+from itertools import combinations
 
+import keras
+import numpy as np
+from keras import layers, ops
+
+from common.deferred import DeferredModule
 from common.errors import ConfigError
 from common.nn.layers import ByteDropout, FusedBatchNormalization
 from common.nn.precision import compute_dtype
+from cosmoflow import summaries as summary_statistics
 from cosmoflow.config import CosmoflowConfig
+
+# The input pipeline's module imports TensorFlow: read at the first standardisation, so that the network also
+# builds under Keras' JAX backend without TensorFlow.
+cosmoflow_data = DeferredModule("cosmoflow.data")
+
+# Training volumes the summary standardisation is measured on (the first of train/, in file order).
+STANDARDISATION_SAMPLES = 256
+
+
+def input_dtype(cfg: CosmoflowConfig) -> str:
+    """What the network takes: the normalised volume in the compute dtype, or with ``model.summaries`` the
+    counts in float32 (its summaries need them whole; it normalises them itself)."""
+    return "float32" if cfg.model.summaries else compute_dtype(cfg.train.precision)
+
+
+def check_summaries(cfg: CosmoflowConfig) -> None:
+    """A :class:`ConfigError` naming the key unless ``model.summaries`` can be computed on these volumes."""
+    m, shape = cfg.model, list(cfg.data.sample_shape)
+    if not m.summaries:
+        return
+    if len(set(shape[:3])) != 1:
+        raise ConfigError(f"model.summaries: the summaries are of a cubic box, but data.sample_shape is {shape}")
+    try:
+        summary_statistics.k_binning(shape[0], float(cfg.data.mock.box_size_mpc_h), m.summary_bins)
+    except ConfigError:
+        raise ConfigError(f"model.summary_bins={m.summary_bins}: a k bin of the {shape[0]}^3 volumes holds no "
+                          f"Fourier mode; use at most about {shape[0] // 3}") from None
+
+
+@keras.saving.register_keras_serializable(package="cosmoflow")
+class NormaliseCounts(layers.Layer):
+    """Particle counts -> log(1 + counts), or counts / their mean per sample and channel-wide (``data.apply_log``
+    false), in float32: :func:`cosmoflow.data.normalise` inside the network."""
+
+    def __init__(self, apply_log: bool = True, **kwargs):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        self.apply_log = apply_log
+
+    def call(self, counts):
+        if self.apply_log:
+            return ops.log1p(counts)
+        return counts / ops.maximum(ops.mean(counts, axis=(1, 2, 3, 4), keepdims=True), 1e-6)
+
+    def get_config(self):
+        return {**super().get_config(), "apply_log": self.apply_log}
+
+
+@keras.saving.register_keras_serializable(package="cosmoflow")
+class VolumeSummaries(layers.Layer):
+    """The summary vector of :func:`cosmoflow.summaries.summary_vector` of each volume of counts (batch, n, n, n,
+    channels), in float32, standardised: ``(summary - mean) / scale`` with the non-trainable ``mean`` and
+    ``scale`` that :func:`prepare_network` sets from the training volumes (0 and 1 until then).
+
+    The 3-D real FFT is a real FFT along z and a 2-D FFT over x and y (numpy's rfftn layout); the k bins, their
+    mode weights and the one-point definitions are :mod:`cosmoflow.summaries`' own."""
+
+    def __init__(self, parts=summary_statistics.SUMMARY_PARTS, n_bins: int = 12, box_size: float = 256.0, **kwargs):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        self.parts = tuple(part for part in summary_statistics.SUMMARY_PARTS if part in parts)
+        self.n_bins, self.box_size = int(n_bins), float(box_size)
+
+    def build(self, input_shape):
+        grid, channels = int(input_shape[1]), int(input_shape[-1])
+        self.grid, self.channels = grid, channels
+        inside, bins, weights, modes = summary_statistics.k_binning(grid, self.box_size, self.n_bins)
+        self._inside, self._bins = np.asarray(inside, np.int32), np.asarray(bins, np.int32)
+        self._weights = np.asarray(weights, np.float32)
+        self._modes = np.asarray(modes, np.float32)
+        length = summary_statistics.summary_length(channels, self.n_bins, self.parts)
+        self.mean = self.add_weight(shape=(length,), initializer="zeros", trainable=False, name="mean")
+        self.scale = self.add_weight(shape=(length,), initializer="ones", trainable=False, name="scale")
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], summary_statistics.summary_length(int(input_shape[-1]), self.n_bins, self.parts))
+
+    def _spectrum(self, field):
+        """(real, imaginary) parts of the rfftn of ``field`` (batch, n, n, n), flattened in C order over the
+        (x, y, kz) grid and taken at the positions inside the k bins: (batch, modes)."""
+        real, imag = ops.rfft(field)                                         # along z
+        real, imag = ops.transpose(real, (0, 3, 1, 2)), ops.transpose(imag, (0, 3, 1, 2))
+        real, imag = ops.fft2((real, imag))                                  # over x and y
+        flat = (self.grid * self.grid * (self.grid // 2 + 1),)
+
+        def take(part):
+            part = ops.reshape(ops.transpose(part, (0, 2, 3, 1)), (-1, *flat))
+            return ops.take(part, self._inside, axis=1)
+
+        return take(real), take(imag)
+
+    def _binned(self, product):
+        """Mode-weighted mean of ``product`` (batch, modes) in each k bin: (batch, bins)."""
+        summed = ops.segment_sum(ops.transpose(product * self._weights), self._bins, num_segments=self.n_bins)
+        return ops.transpose(summed) / self._modes
+
+    @staticmethod
+    def _log(x):
+        return ops.log(ops.maximum(x, summary_statistics.LOG_FLOOR))
+
+    def call(self, counts):
+        counts = ops.cast(counts, "float32")
+        norm = self.box_size ** 3 / self.grid ** 6
+        channels = [counts[..., c] for c in range(self.channels)]
+        means = [ops.maximum(ops.mean(c, axis=(1, 2, 3), keepdims=True), summary_statistics.MEAN_FLOOR)
+                 for c in channels]
+        out = {part: [] for part in self.parts}   # concatenated in SUMMARY_PARTS order, as summary_vector
+        if "power" in self.parts or "cross" in self.parts:
+            spectra = [self._spectrum(c / m - 1.0) for c, m in zip(channels, means)]
+            squared = [re * re + im * im for re, im in spectra]
+            auto = [self._binned(s * norm) for s in squared]
+            if "power" in self.parts:
+                out["power"].extend(self._log(p) for p in auto)
+            if "cross" in self.parts:
+                total = [ops.sum(s * self._weights, axis=1, keepdims=True) for s in squared]
+                for i, j in combinations(range(self.channels), 2):
+                    (re_i, im_i), (re_j, im_j) = spectra[i], spectra[j]
+                    p_ij = self._binned((re_i * re_j + im_i * im_j) * norm)
+                    product = auto[i] * auto[j]
+                    out["cross"].append(ops.where(product > 0, p_ij / ops.sqrt(ops.maximum(product, 1e-37)), 0.0))
+                    out["cross"].append(ops.log(ops.maximum(total[i], summary_statistics.LOG_FLOOR)
+                                       / ops.maximum(total[j], summary_statistics.LOG_FLOOR)))
+        if "log_power" in self.parts:
+            for c, m in zip(channels, means):
+                field = ops.log1p(c / m)
+                re, im = self._spectrum(field - ops.mean(field, axis=(1, 2, 3), keepdims=True))
+                out["log_power"].append(self._log(self._binned((re * re + im * im) * norm)))
+        if "one_point" in self.parts:
+            for c, m in zip(channels, means):
+                out["one_point"].append(self._one_point(c, m))
+        vector = ops.concatenate([piece for part in self.parts for piece in out[part]], axis=1)
+        return (vector - self.mean) / self.scale
+
+    def _one_point(self, counts, mean):
+        """:func:`cosmoflow.summaries.one_point` of one channel (batch, n, n, n): (batch, 17)."""
+        edges = summary_statistics.PDF_EDGES
+        ratio = counts / mean
+        features = [ops.mean(ops.cast((ratio >= low) & (ratio < high), "float32"), axis=(1, 2, 3))
+                    for low, high in zip(edges[:-1], edges[1:])]
+        n = self.grid
+        for cell in summary_statistics.MOMENT_CELLS:
+            m = n // cell
+            summed = counts[:, :m * cell, :m * cell, :m * cell]
+            if cell > 1:
+                summed = ops.sum(ops.reshape(summed, (-1, m, cell, m, cell, m, cell)), axis=(2, 4, 6))
+            delta = summed / ops.maximum(ops.mean(summed, axis=(1, 2, 3), keepdims=True),
+                                         summary_statistics.MEAN_FLOOR) - 1.0
+            square = delta * delta
+            variance = ops.maximum(ops.mean(square, axis=(1, 2, 3)), summary_statistics.LOG_FLOOR)
+            features.append(ops.mean(square * delta, axis=(1, 2, 3)) / variance ** 1.5)
+            features.append(ops.mean(square * square, axis=(1, 2, 3)) / variance ** 2 - 3.0)
+        return ops.stack(features, axis=1)
+
+    def get_config(self):
+        return {**super().get_config(), "parts": list(self.parts), "n_bins": self.n_bins, "box_size": self.box_size}
+
+
+def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
+    """With ``model.summaries``, rank 0 sets the summary layer's standardisation: the mean and standard
+    deviation of each summary over the first :data:`STANDARDISATION_SAMPLES` training volumes, computed by
+    :mod:`cosmoflow.summaries` in float64 from the stored counts (the baseline's own numbers); a summary that
+    does not vary keeps scale 1.  The other ranks get rank 0's values with the weights at the start (and a
+    resume its checkpoint's)."""
+    if not cfg.model.summaries or not dist.is_root:
+        return
+    rows = []
+    for volume, _ in cosmoflow_data.raw_samples(cfg, "train"):
+        rows.append(summary_statistics.summary_vector(volume, cfg.data.mock.box_size_mpc_h, cfg.model.summary_bins,
+                                                      cfg.model.summaries))
+        if len(rows) == STANDARDISATION_SAMPLES:
+            break
+    rows = np.array(rows)
+    std = rows.std(axis=0)
+    layer = network.get_layer("summaries")
+    layer.mean.assign(rows.mean(axis=0).astype(np.float32))
+    layer.scale.assign(np.where(std > 1e-6 * np.maximum(np.abs(rows.mean(axis=0)), 1.0), std, 1.0).astype(np.float32))
 
 
 def check_blocks_fit(cfg: CosmoflowConfig) -> None:
@@ -76,11 +265,15 @@ def _crop(axis: int, front: int, back: int) -> tuple:
 
 def build_model(cfg: CosmoflowConfig) -> keras.Model:
     check_blocks_fit(cfg)
+    check_summaries(cfg)
     m = cfg.model
     n_targets = len(cfg.data.target_names)
-    # The input pipeline hands volumes over in the compute dtype (see cosmoflow.data.normalise).
-    inputs = keras.Input(shape=tuple(cfg.data.sample_shape), name="volume", dtype=compute_dtype(cfg.train.precision))
+    # The input pipeline hands volumes over in the compute dtype (see cosmoflow.data.normalise), or the counts in
+    # float32 to a network that computes their summaries.
+    inputs = keras.Input(shape=tuple(cfg.data.sample_shape), name="volume", dtype=input_dtype(cfg))
     x = inputs
+    if m.summaries:
+        x = NormaliseCounts(cfg.data.apply_log, name="normalise")(inputs)
     for i in range(m.conv_blocks):
         filters = m.first_filters if i == 0 and m.first_filters is not None else m.base_filters * m.filter_multiplier ** i
         padding = m.padding
@@ -99,6 +292,9 @@ def build_model(cfg: CosmoflowConfig) -> keras.Model:
         x = layers.GlobalAveragePooling3D(name="global_average")(x)
     else:
         x = layers.Flatten(name="flatten")(x)
+    if m.summaries:
+        measured = VolumeSummaries(m.summaries, m.summary_bins, cfg.data.mock.box_size_mpc_h, name="summaries")(inputs)
+        x = layers.Concatenate(name="features_and_summaries")([x, measured])
     regularizer = keras.regularizers.L2(m.l2) if m.l2 > 0 else None
     for j, units in enumerate(m.dense_units):
         x = layers.Dense(units, kernel_regularizer=regularizer, name=f"dense{j + 1}")(x)

@@ -243,7 +243,8 @@ PREDICTOR = Predictor(
     tool=TOOL, schema=CosmoflowConfig, what="CosmoFlow volume", patterns=PATTERNS,
     inspect=inspect, outputs=outputs, predict=predict, report=report,
     description="The cosmological parameters of new volumes (TFRecords, split or raw HDF5 universes, whole boxes "
-                "cut into sub-volumes) by a trained CosmoFlow run.")
+                "cut into sub-volumes) by a trained CosmoFlow run.",
+    layers_module="cosmoflow.model")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,238 @@
+"""CosmoFlow's network with the summary statistics in its dense head (issue 49, ``model.summaries``).
+
+The summaries the network computes from its input are the baseline's (:mod:`cosmoflow.summaries`, numpy in
+float64) to float32 round-off, with the tolerance bounded here from the FFT's error (Higham, Accuracy and
+Stability of Numerical Algorithms, 24.1) and from summation; their standardisation is the mean and deviation
+of the training volumes' summaries read here with tf.train.Example and numpy; a run with them trains, saves a
+network that evaluate and predict load, and the switch's refusals are one line naming the key."""
+
+import json
+import math
+import pathlib
+from itertools import combinations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common.config import validate
+from common.distributed import Distributed
+from common.errors import ConfigError
+from conftest import REPO, UNIT_ROUNDOFF, run_python, tiny_cosmo_overrides
+from cosmoflow import summaries
+from cosmoflow.config import CosmoflowConfig
+from cosmoflow.data import normalise
+from cosmoflow.model import VolumeSummaries, build_model, check_summaries, prepare_network
+
+DEMO = REPO / "configs/cosmoflow/demo.yaml"
+U = UNIT_ROUNDOFF["float32"]
+BOX, BINS, GRID = 128.0, 5, 16
+
+
+def clustered_counts(seed: int, n: int = GRID, channels: int = 4, mean: float = 8.0) -> np.ndarray:
+    """Particle counts with structure: Poisson draws of a log-normal intensity of one Gaussian field (P ~ k^-2,
+    the channels its growing powers, as the redshifts of one mock share their phases).  A mean of 8 counts makes
+    counts / mean land exactly on the one-point bin edges (2 / 8 = 0.25, ...): ties that must fall alike."""
+    rng = np.random.default_rng(seed)
+    k = np.sqrt(sum(np.meshgrid(*[np.fft.fftfreq(n) ** 2] * 2, np.fft.rfftfreq(n) ** 2, indexing="ij")))
+    modes = np.fft.rfftn(rng.standard_normal((n, n, n))) / np.maximum(k, 1.0 / n)
+    gaussian = np.fft.irfftn(modes, s=(n, n, n))
+    gaussian /= gaussian.std()
+    volume = [rng.poisson(mean * np.exp(a * gaussian - a * a / 2)) for a in np.linspace(0.3, 0.9, channels)]
+    return np.stack(volume, axis=-1).astype(np.float32)
+
+
+def layer_summaries(volumes, parts=summaries.SUMMARY_PARTS) -> np.ndarray:
+    layer = VolumeSummaries(parts, BINS, BOX)
+    return np.asarray(layer(tf.constant(volumes)), np.float64)   # mean 0, scale 1: the summaries themselves
+
+
+def fft_error(field: np.ndarray) -> float:
+    """A bound on ||computed rfftn - exact rfftn||_2 of ``field`` formed in float32 (each value within one
+    rounding, 2u, of its exact value) and transformed in float32: Cooley-Tukey's normwise bound
+    log2(N) eta ||F|| with eta = 4 sqrt(2) u + u for a radix-2 FFT with accurate twiddle factors (Higham 24.1),
+    plus the input's rounding carried through the transform (sqrt(N) times its norm)."""
+    n = field.size
+    norm = math.sqrt(n) * float(np.linalg.norm(field))   # Parseval: ||F||_2 of numpy's unnormalised FFT
+    eta = 4 * math.sqrt(2) * U + U
+    return norm * (math.log2(n) * eta / (1 - math.log2(n) * eta) + 2 * U)
+
+
+def binned_sums(product: np.ndarray):
+    inside, bins, weights, _ = summaries.k_binning(GRID, BOX, BINS)
+    return np.bincount(bins, weights=weights * product.ravel()[inside], minlength=BINS)
+
+
+def power_bound(modes: np.ndarray, error: float) -> np.ndarray:
+    """Per k bin, a bound on |log P_float32 - log P_exact|: the bin's weighted sum S = sum w |F|^2 changes by at
+    most 2 (2 sqrt(S) e + e^2) for an error e of the modes (Cauchy-Schwarz; w <= 2), and its segment sum in
+    float32 by gamma_M S."""
+    s = binned_sums(np.abs(modes) ** 2)
+    relative = 2 * (2 * np.sqrt(s) * error + error ** 2) / s + GRID ** 3 * U
+    return relative / (1 - relative) + 4 * U
+
+
+def test_the_networks_summaries_are_the_baselines_to_float32_round_off():
+    volumes = np.stack([clustered_counts(seed) for seed in range(3)])
+    got = layer_summaries(volumes)
+    length = summaries.summary_length(4, BINS)
+    assert got.shape == (3, length)
+    for volume, row in zip(volumes, got):
+        want = summaries.summary_parts(volume.astype(np.float64), BOX, BINS)
+        offsets = np.cumsum([0] + [len(part) for part in want.values()])
+        part = {name: row[a:b] for name, a, b in zip(want, offsets[:-1], offsets[1:])}
+        counts = [volume[..., c].astype(np.float64) for c in range(4)]
+        deltas = [c / c.mean() - 1.0 for c in counts]
+        modes = [np.fft.rfftn(d) for d in deltas]
+        errors = [fft_error(d) for d in deltas]
+        # power: one bound per channel and bin
+        bound = np.concatenate([power_bound(m, e) for m, e in zip(modes, errors)])
+        assert np.all(np.abs(part["power"] - want["power"]) <= bound), (part["power"] - want["power"], bound)
+        # log_power: the same bound for log(1 + counts / mean) less its mean
+        fields = [np.log1p(c / c.mean()) for c in counts]
+        fields = [f - f.mean() for f in fields]
+        bound = np.concatenate([power_bound(np.fft.rfftn(f), fft_error(f) + 4 * U * np.linalg.norm(f)
+                                            * math.sqrt(f.size)) for f in fields])
+        assert np.all(np.abs(part["log_power"] - want["log_power"]) <= bound)
+        # cross: r_ij moves by the cross sum's error over sqrt(S_i S_j) plus r times half the autos' relative ones;
+        # the growth ratio by the two totals' relative errors
+        autos = [binned_sums(np.abs(m) ** 2) for m in modes]
+        cursor = 0
+        for i, j in combinations(range(4), 2):
+            r_got, growth_got = part["cross"][cursor:cursor + BINS], part["cross"][cursor + BINS]
+            r_want, growth_want = want["cross"][cursor:cursor + BINS], want["cross"][cursor + BINS]
+            cursor += BINS + 1
+            cross_error = 2 * (np.sqrt(autos[i]) * errors[j] + np.sqrt(autos[j]) * errors[i] + errors[i] * errors[j])
+            relative = [2 * (2 * np.sqrt(a) * e + e * e) / a + GRID ** 3 * U for a, e in
+                        ((autos[i], errors[i]), (autos[j], errors[j]))]
+            bound = cross_error / np.sqrt(autos[i] * autos[j]) + np.abs(r_want) * (relative[0] + relative[1]) / 2
+            assert np.all(np.abs(r_got - r_want) <= bound + 4 * U)
+            totals = [float(np.sum(a)) for a in (autos[i], autos[j])]
+            growth_bound = sum(2 * (2 * math.sqrt(t) * e + e * e) / t for t, e in zip(totals, (errors[i], errors[j])))
+            assert abs(growth_got - growth_want) <= growth_bound + GRID ** 3 * U * 2
+        # one_point: the fractions exact (the mean of integer counts is exact in float32, and so is counts / 8);
+        # the moments within their sums' rounding, gamma_N of the sums of |terms|
+        for c, channel in enumerate(counts):
+            got_c, want_c = part["one_point"][17 * c:17 * c + 17], want["one_point"][17 * c:17 * c + 17]
+            np.testing.assert_array_equal(got_c[:11], want_c[:11])
+            for m, cell in enumerate(summaries.MOMENT_CELLS):
+                size = GRID // cell
+                summed = channel.reshape(size, cell, size, cell, size, cell).sum(axis=(1, 3, 5))
+                d = summed / summed.mean() - 1.0
+                variance = np.mean(d * d)
+                gamma_n = summed.size * U / (1 - summed.size * U) + 8 * U
+                skew, kurt = want_c[11 + 2 * m], want_c[12 + 2 * m]
+                skew_bound = gamma_n * (np.mean(np.abs(d) ** 3) / variance ** 1.5 + 1.5 * abs(skew) * 2)
+                kurt_bound = gamma_n * (np.mean(d ** 4) / variance ** 2 + 2 * (kurt + 3) * 2)
+                assert abs(got_c[11 + 2 * m] - skew) <= skew_bound, (cell, got_c[11 + 2 * m], skew, skew_bound)
+                assert abs(got_c[12 + 2 * m] - kurt) <= kurt_bound, (cell, got_c[12 + 2 * m], kurt, kurt_bound)
+
+
+def test_each_part_alone_is_its_slice_of_the_whole_and_symmetries_leave_them_unchanged():
+    volumes = clustered_counts(5)[np.newaxis]
+    whole = layer_summaries(volumes)[0]
+    offsets = np.cumsum([0] + [summaries.summary_length(4, BINS, (p,)) for p in summaries.SUMMARY_PARTS])
+    for part, a, b in zip(summaries.SUMMARY_PARTS, offsets[:-1], offsets[1:]):
+        np.testing.assert_array_equal(layer_summaries(volumes, (part,))[0], whole[a:b])
+    # a reflection and an axis permutation of the cube, and a periodic shift by a multiple of the largest cell
+    moved = np.roll(np.flip(volumes, axis=2).transpose(0, 3, 1, 2, 4), (4, 8, 12), axis=(1, 2, 3))
+    np.testing.assert_allclose(layer_summaries(moved)[0], whole, rtol=1e-4, atol=1e-4)
+
+
+def tiny_config(data_dir="unused", **model) -> CosmoflowConfig:
+    raw = {"data": {"data_dir": str(data_dir), "sample_shape": [16, 16, 16, 4], "batch_size": 2,
+                    "mock": {"box_size_mpc_h": BOX}},
+           "model": {"conv_blocks": 2, "base_filters": 4, "dense_units": [8], "dropout": 0.0, "pooling": "average",
+                     **model},
+           "train": {"precision": "fp32"}}
+    return validate(CosmoflowConfig, raw, "test")
+
+
+def test_the_switch_off_is_the_network_of_the_papers_and_on_adds_the_summaries_to_the_head():
+    keras.utils.set_random_seed(1)
+    plain = build_model(tiny_config())
+    keras.utils.set_random_seed(1)
+    again = build_model(tiny_config(summaries=[]))
+    assert [w.tolist() for w in plain.get_weights()] == [w.tolist() for w in again.get_weights()]
+    assert "summaries" not in [layer.name for layer in plain.layers]
+    with_summaries = build_model(tiny_config(summaries=["power", "cross"], summary_bins=BINS))
+    assert with_summaries.input.dtype == "float32"
+    conv_features = plain.get_layer("global_average").output.shape[-1]
+    measured = summaries.summary_length(4, BINS, ("power", "cross"))
+    assert with_summaries.get_layer("dense1").kernel.shape == (conv_features + measured, 8)
+    # the counts go in; the first convolution sees the values the input pipeline hands the plain network
+    # (TensorFlow's log1p, within an ulp of numpy's)
+    counts = clustered_counts(2)[np.newaxis]
+    first = keras.Model(with_summaries.input, with_summaries.get_layer("normalise").output)
+    np.testing.assert_array_equal(np.asarray(first(counts)), np.asarray(normalise(tf.constant(counts), True)))
+    np.testing.assert_allclose(np.asarray(first(counts)), np.log1p(counts), rtol=2 * U)
+
+
+def test_the_switch_refuses_what_it_cannot_compute():
+    with pytest.raises(ConfigError, match=r"model.summaries.*a part is named twice"):
+        tiny_config(summaries=["power", "power"])
+    with pytest.raises(ConfigError, match=r"model.summaries"):
+        tiny_config(summaries=["bispectrum"])
+    cfg = tiny_config(summaries=["power"], summary_bins=40)
+    with pytest.raises(ConfigError, match=r"model.summary_bins=40: .* use at most about 5"):
+        check_summaries(cfg)
+    cfg = tiny_config(summaries=["power"])
+    cfg.data.sample_shape = (16, 16, 8, 4)
+    with pytest.raises(ConfigError, match=r"model.summaries: the summaries are of a cubic box"):
+        check_summaries(cfg)
+
+
+def stored_volumes(folder: pathlib.Path, shape) -> np.ndarray:
+    """Every volume of ``folder``'s TFRecords in file order, read with tf.train.Example (not the suite's reader)."""
+    volumes = []
+    for path in sorted(folder.glob("*.tfrecord")):
+        for record in tf.data.TFRecordDataset([str(path)]):
+            feature = tf.train.Example.FromString(record.numpy()).features.feature
+            volumes.append(np.frombuffer(feature["x"].bytes_list.value[0], "<i2").reshape(shape))
+    return np.stack(volumes)
+
+
+def test_the_standardisation_is_the_training_volumes_mean_and_deviation(tiny_cosmo_data):
+    cfg = tiny_config(tiny_cosmo_data, summaries=["power", "one_point"], summary_bins=BINS)
+    network = build_model(cfg)
+    prepare_network(network, cfg, Distributed())
+    rows = np.array([summaries.summary_vector(v.astype(np.float64), BOX, BINS, ("power", "one_point"))
+                     for v in stored_volumes(tiny_cosmo_data / "train", (16, 16, 16, 4))])
+    layer = network.get_layer("summaries")
+    std = rows.std(axis=0)
+    np.testing.assert_allclose(layer.mean.numpy(), rows.mean(axis=0), rtol=U, atol=U)
+    varies = std > 1e-6 * np.maximum(np.abs(rows.mean(axis=0)), 1.0)
+    assert not varies.all()   # the empty-voxel fraction of a 16^3 mock at 8 counts a voxel is 0 in every volume
+    np.testing.assert_allclose(layer.scale.numpy(), np.where(varies, std, 1.0), rtol=2 * U)
+
+
+@pytest.fixture(scope="module")
+def summaries_run(tiny_cosmo_data, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("summaries") / "run"
+    run_python(["-m", "cosmoflow.train", "--config", str(DEMO), *tiny_cosmo_overrides(tiny_cosmo_data, epochs=2),
+                "--set", "model.pooling=average", "--set", "model.summaries=[power, log_power, cross, one_point]",
+                "--set", f"model.summary_bins={BINS}", "--set", f"data.mock.box_size_mpc_h={BOX}",
+                "--output-dir", str(run_dir)], ranks=2)
+    return run_dir
+
+
+@pytest.mark.horovod
+def test_a_run_with_summaries_trains_saves_and_is_evaluated_and_predicted(summaries_run, tiny_cosmo_data, tmp_path):
+    run_dir = summaries_run
+    rows = (run_dir / "history.csv").read_text().splitlines()
+    assert len(rows) == 3
+    evaluated = run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(run_dir), "--symmetries", "8"])
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert all(math.isfinite(v) for v in metrics["mae"].values()) and "averaged over 8" in evaluated.stdout
+    # the saved network: its standardisation is rank 0's, from the training volumes
+    network = keras.models.load_model(run_dir / "model.keras", compile=False)
+    layer = network.get_layer("summaries")
+    volumes = stored_volumes(tiny_cosmo_data / "train", (16, 16, 16, 4)).astype(np.float64)
+    rows = np.array([summaries.summary_vector(v, BOX, BINS) for v in volumes])
+    np.testing.assert_allclose(layer.mean.numpy(), rows.mean(axis=0), rtol=U, atol=U)
+    # predict reads a file of the validation split with the network that takes counts
+    validation = sorted((tiny_cosmo_data / "validation").glob("*.tfrecord"))[0]
+    run_python(["-m", "cosmoflow.predict", "--run-dir", str(run_dir), "--input", str(validation), "--out",
+                str(tmp_path / "predicted")])
+    assert any((tmp_path / "predicted").iterdir())
