@@ -62,9 +62,9 @@ from common.config import load_config
 from common.errors import ConfigError, UserInputError
 from common.storage.outputs import check_replaceable, check_writable_folder, write_json
 from cosmoflow.config import CosmoflowConfig, TARGET_NAMES
-from cosmoflow.mock import (available_cpus, cosmology_for, ensure_mock_data, make_universe, parameter_ranges,
-                            rfft_mode_weights, wavenumbers)
-from cosmoflow.summaries import SUMMARY_PARTS, one_point, summary_length, summary_parts, summary_vector
+from cosmoflow.mock import available_cpus, cosmology_for, ensure_mock_data, make_universe, parameter_ranges
+from cosmoflow.summaries import (SUMMARY_PARTS, one_point, rfft_mode_weights, summary_length, summary_parts,
+                                 summary_vector, wavenumbers)
 
 # Imported where used, not here: scipy and scikit-learn (seconds to import, only for the estimate) and
 # cosmoflow.data (TensorFlow), so that --help answers without them.

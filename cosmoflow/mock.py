@@ -42,6 +42,7 @@ from common.console.progress import Progress
 from common.deferred import tensorflow as tf   # imported at first use: only the TFRecord layout needs it
 from common.errors import ConfigError, UserInputError
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig, MockSection
+from cosmoflow.summaries import rfft_mode_weights, wavenumbers
 
 # Imported where used, not here: colossus (1.1 s to import; only for a power spectrum), TensorFlow (only to write
 # TFRecords), h5py (only for the HDF5 layout).
@@ -78,25 +79,6 @@ def cosmology_for(params: np.ndarray):
     omega_m, sigma_8, n_s, h0 = (float(p) for p in params)
     return cosmology.Cosmology(name="mock", flat=True, H0=h0, Om0=omega_m, Ob0=OMEGA_B, sigma8=sigma_8,
                                ns=n_s, persistence="", print_warnings=False)
-
-
-def wavenumbers(n: int, box_size: float):
-    """|k| in h/Mpc on the rfftn grid of an n^3 box of side ``box_size`` Mpc/h, and its components."""
-    kx = 2.0 * np.pi * np.fft.fftfreq(n, d=box_size / n)
-    kz = 2.0 * np.pi * np.fft.rfftfreq(n, d=box_size / n)
-    kx3, ky3, kz3 = np.meshgrid(kx, kx, kz, indexing="ij", sparse=True)
-    k = np.sqrt(kx3 ** 2 + ky3 ** 2 + kz3 ** 2)
-    return k, (kx3, ky3, kz3)
-
-
-def rfft_mode_weights(k: np.ndarray, n: int) -> np.ndarray:
-    """How many Fourier modes each entry of an n^3 rfftn grid (``k`` its |k|) stands for: 2, itself and the
-    conjugate rfftn drops, but 1 on the planes it keeps whole (the first, and the last for even n)."""
-    weight = np.full(k.shape, 2.0)
-    weight[..., 0] = 1.0
-    if n % 2 == 0:
-        weight[..., -1] = 1.0
-    return weight
 
 
 def gaussian_random_field_k(n: int, box_size: float, power, rng: np.random.Generator) -> np.ndarray:

@@ -22,7 +22,8 @@ initial field.  Four parts, each a 1-D float64 array (:func:`summary_parts`), co
 Logs are guarded (an empty channel or bin gives log(1e-30), not -inf), so the vector is finite.  Each field
 costs one rfftn; the k-bin index of a (grid, box, bins) is computed once and cached.  The vector is invariant
 under the cube's 48 symmetries; under periodic shifts the Fourier parts are, the one-point moments of cells
-larger than a voxel only for shifts by multiples of the cell.  numpy only (no TensorFlow).
+larger than a voxel only for shifts by multiples of the cell.  numpy only (no TensorFlow, nothing of the suite
+but its errors): the network that computes them (``model.summaries``) also builds under Keras' JAX backend.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from itertools import combinations
 import numpy as np
 
 from common.errors import ConfigError
-from cosmoflow.mock import rfft_mode_weights, wavenumbers
 
 SUMMARY_PARTS = ("power", "log_power", "cross", "one_point")
 
@@ -43,6 +43,25 @@ MOMENT_CELLS = (1, 2, 4)   # cell sizes, in voxels per side, for the skewness an
 
 LOG_FLOOR = 1e-30          # what log() sees instead of zero power
 MEAN_FLOOR = 1e-12         # what an empty channel's mean count is taken as
+
+
+def wavenumbers(n: int, box_size: float):
+    """|k| in h/Mpc on the rfftn grid of an n^3 box of side ``box_size`` Mpc/h, and its components."""
+    kx = 2.0 * np.pi * np.fft.fftfreq(n, d=box_size / n)
+    kz = 2.0 * np.pi * np.fft.rfftfreq(n, d=box_size / n)
+    kx3, ky3, kz3 = np.meshgrid(kx, kx, kz, indexing="ij", sparse=True)
+    k = np.sqrt(kx3 ** 2 + ky3 ** 2 + kz3 ** 2)
+    return k, (kx3, ky3, kz3)
+
+
+def rfft_mode_weights(k: np.ndarray, n: int) -> np.ndarray:
+    """How many Fourier modes each entry of an n^3 rfftn grid (``k`` its |k|) stands for: 2, itself and the
+    conjugate rfftn drops, but 1 on the planes it keeps whole (the first, and the last for even n)."""
+    weight = np.full(k.shape, 2.0)
+    weight[..., 0] = 1.0
+    if n % 2 == 0:
+        weight[..., -1] = 1.0
+    return weight
 
 
 @functools.lru_cache(maxsize=16)

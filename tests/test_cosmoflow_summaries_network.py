@@ -167,6 +167,12 @@ def test_the_switch_off_is_the_network_of_the_papers_and_on_adds_the_summaries_t
     first = keras.Model(with_summaries.input, with_summaries.get_layer("normalise").output)
     np.testing.assert_array_equal(np.asarray(first(counts)), np.asarray(normalise(tf.constant(counts), True)))
     np.testing.assert_allclose(np.asarray(first(counts)), np.log1p(counts), rtol=2 * U)
+    by_mean = tiny_config(summaries=["power"], summary_bins=BINS)
+    by_mean.data.apply_log = False
+    network = build_model(by_mean)
+    first = keras.Model(network.input, network.get_layer("normalise").output)
+    np.testing.assert_array_equal(np.asarray(first(counts)), np.asarray(normalise(tf.constant(counts), False)))
+    np.testing.assert_allclose(np.asarray(first(counts)), counts / counts.mean(), rtol=4 * U)
 
 
 def test_the_switch_refuses_what_it_cannot_compute():
