@@ -86,7 +86,7 @@ class EvaluationWriter:
             outputs.check_replaceable(self.run_dir / name, force, "pass --force to replace it")
         self._lock = None
         if outputs.read_run_marker(self.run_dir) is not None:
-            self._lock = outputs.RunDirLock(self.run_dir, tool).acquire()
+            self._lock = outputs.RunDirLock(self.run_dir, tool, option=None).acquire()   # the run it evaluates
 
     def __enter__(self) -> "EvaluationWriter":
         return self

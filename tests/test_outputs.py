@@ -373,8 +373,15 @@ def test_a_locked_folder_is_refused_before_the_start_up_as_the_lock_refuses_it(t
         with pytest.raises(UserInputError) as early:
             refuse_if_locked(tmp_path)
         with pytest.raises(UserInputError) as taken:
-            RunDirLock(tmp_path, "cosmoflow.evaluate").acquire()
+            RunDirLock(tmp_path, "cosmoflow.train").acquire()
         assert str(early.value) == str(taken.value) and "in use by cosmoflow.train (pid " in str(early.value)
+        assert str(taken.value).endswith("wait for it to end, or choose another --output-dir")
+        # Each command's refusal names its own option, or none where the folder is the one it works on.
+        for option, ending in (("--out", "wait for it to end, or choose another --out"),
+                               (None, "wait for it to end")):
+            with pytest.raises(UserInputError) as refused:
+                RunDirLock(tmp_path, "cosmoflow.evaluate", option=option).acquire()
+            assert str(refused.value).endswith(ending)
     finally:
         holder.release()
     refuse_if_locked(tmp_path)   # released: the file stays, the folder is free again

@@ -591,15 +591,16 @@ def record_external(run_dir, path) -> None:
         _write_marker(run_dir, record)
 
 
-def in_use(run_dir, holder: bytes) -> UserInputError:
-    """The refusal of a folder whose lock another process holds; ``holder``: what its lock file says."""
+def in_use(run_dir, holder: bytes, option: str | None = "--output-dir") -> UserInputError:
+    """The refusal of a folder whose lock another process holds; ``holder``: what its lock file says; ``option``:
+    the command's option that names another folder (None: the folder is the one to work on, as evaluate's)."""
     try:
         who = json.loads(holder.decode(errors="replace").strip())
         who = f"{who['tool']} (pid {who['pid']} on {who['host']}, since {who['since']})"
     except (ValueError, KeyError, TypeError):
         who = "another process"
     return UserInputError(f"{run_dir}: in use by {who}; two runs in one folder would mix their files: wait for it "
-                          "to end, or choose another --output-dir")
+                          "to end" + (f", or choose another {option}" if option else ""))
 
 
 def refuse_if_locked(run_dir) -> None:
@@ -635,9 +636,10 @@ class RunDirLock:
     holder.  File systems without ``flock`` (some NFS mounts) get a warning and no lock.
     """
 
-    def __init__(self, run_dir, tool: str):
+    def __init__(self, run_dir, tool: str, option: str | None = "--output-dir"):
         self.run_dir = pathlib.Path(run_dir)
         self.tool = tool
+        self.option = option   # what its refusal advises to name another folder with (None: nothing)
         self._fd = None
         self.warning = None
         self.previous = b""
@@ -660,7 +662,7 @@ class RunDirLock:
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0)
             os.close(fd)
-            raise in_use(self.run_dir, holder) from None
+            raise in_use(self.run_dir, holder, self.option) from None
         except OSError as exc:
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 os.close(fd)

@@ -503,7 +503,7 @@ def claim_profile_dir(folder, ranks: int) -> "outputs.RunDirLock":
                              f"into); found {what}; nothing was written")
     outputs.check_writable_folder(folder, "--profile")
     folder.mkdir(parents=True, exist_ok=True)
-    lock = outputs.RunDirLock(folder, "common.tools.bench --profile").acquire()
+    lock = outputs.RunDirLock(folder, "common.tools.bench --profile", option="--profile").acquire()
     traces = ["plugins/"] if ranks == 1 else [f"rank{r}/" for r in range(ranks)]
     outputs.mark_run_dir(folder, "common.tools.bench", traces, kind="profile", tool="common.tools.bench")
     return lock
