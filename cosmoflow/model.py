@@ -215,10 +215,10 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
         if len(rows) == STANDARDISATION_SAMPLES:
             break
     rows = np.array(rows)
-    std = rows.std(axis=0)
+    mean, std = rows.mean(axis=0), rows.std(axis=0)
     layer = network.get_layer("summaries")
-    layer.mean.assign(rows.mean(axis=0).astype(np.float32))
-    layer.scale.assign(np.where(std > 1e-6 * np.maximum(np.abs(rows.mean(axis=0)), 1.0), std, 1.0).astype(np.float32))
+    layer.mean.assign(mean.astype(np.float32))
+    layer.scale.assign(np.where(std > 1e-6 * np.maximum(np.abs(mean), 1.0), std, 1.0).astype(np.float32))
 
 
 def check_blocks_fit(cfg: CosmoflowConfig) -> None:
