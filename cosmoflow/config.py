@@ -110,6 +110,11 @@ class CosmoModelSection(Section):
                                           "into the dense head beside the convolutional features; [] (off): the "
                                           "network of the papers")
     summary_bins: PositiveInt = Field(12, description="k bins of the Fourier summaries (model.summaries)")
+    summary_residual: bool = Field(
+        False, description="the network learns the residual of the ridge baseline: a fixed linear path from the "
+                           "standardised summaries to the outputs, set at the start to cosmoflow.information's ridge "
+                           "fitted on all of train/, plus the network's head, whose last layer starts at zero (the "
+                           "network starts as the baseline); needs model.summaries")
 
     @model_validator(mode="after")
     def _periodic_needs_same(self):
@@ -118,6 +123,9 @@ class CosmoModelSection(Section):
                              "padding by the box's other side)")
         if len(set(self.summaries)) != len(self.summaries):
             raise ValueError(f"model.summaries {self.summaries}: a part is named twice")
+        if self.summary_residual and not self.summaries:
+            raise ValueError("model.summary_residual needs model.summaries (the ridge it starts from is fitted on "
+                             "them): name the parts, e.g. [power, log_power, cross, one_point]")
         return self
 
 

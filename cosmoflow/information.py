@@ -217,12 +217,19 @@ def held_out_penalty(train_x, train_y, penalties=PENALTIES) -> np.ndarray:
     return np.asarray(penalties)[np.argmin(np.array(errors), axis=0)]
 
 
+def fit_ridge(train_x, train_y):
+    """The baseline's regression of the targets on the features: standardised (scikit-learn's StandardScaler),
+    the ridge penalty per target by :func:`held_out_penalty`, refitted on all the rows at that penalty.  The
+    fitted pipeline and the penalties (``model.summary_residual`` starts the network from it)."""
+    penalty = held_out_penalty(train_x, train_y)
+    return _ridge(penalty).fit(train_x, train_y), penalty
+
+
 def spectrum_regression(train_x, train_y, valid_x, valid_y, names) -> dict:
     """Ridge regression of the targets on the features, penalty per target by :func:`held_out_penalty`,
     refitted on all of train/ at that penalty: validation MAE per target, the training-mean baseline, the
     penalty."""
-    penalty = held_out_penalty(train_x, train_y)
-    model = _ridge(penalty).fit(train_x, train_y)
+    model, penalty = fit_ridge(train_x, train_y)
     error = np.abs(model.predict(valid_x) - valid_y).mean(axis=0)
     baseline = np.abs(valid_y - train_y.mean(axis=0)).mean(axis=0)
     return {name: {"mae": float(e), "baseline_mae": float(b), "ratio": float(e / b), "penalty": float(a)}

@@ -21,7 +21,10 @@ what the input pipeline does otherwise: the same values into the first convoluti
 computes the summary statistics of :mod:`cosmoflow.summaries` from the same counts (the ridge baseline's
 numbers, to float32 round-off), standardised by the mean and standard deviation of the training volumes'
 (:func:`prepare_network`), and they join the convolutional features before the dense layers.  Those two layers
-are the package's own: a saved network loads with Keras once ``cosmoflow.model`` is imported.
+are the package's own: a saved network loads with Keras once ``cosmoflow.model`` is imported.  With
+``summary_residual`` as well, the network learns the baseline's residual: a fixed linear path from the
+standardised summaries (the ridge of ``cosmoflow.information`` fitted on all of train/ at the start) is added to
+the head's output, whose last layer starts at zero, so that training starts from the baseline's predictions.
 
 ``configs/cosmoflow/mlperf.yaml`` gives the reference network at 128^3 x 4:
 8,907,556 parameters, 68.86 GFLOP forward per sample.  The SC18 variant
@@ -47,6 +50,8 @@ from cosmoflow.config import CosmoflowConfig
 # The input pipeline's module imports TensorFlow: read at the first standardisation, so that the network also
 # builds under Keras' JAX backend without TensorFlow.
 cosmoflow_data = DeferredModule("cosmoflow.data")
+# The ridge baseline (scikit-learn) that ``model.summary_residual`` starts from: read when it is fitted.
+cosmoflow_information = DeferredModule("cosmoflow.information")
 
 # Training volumes the summary standardisation is measured on (the first of train/, in file order).
 STANDARDISATION_SAMPLES = 256
@@ -204,21 +209,51 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
     """With ``model.summaries``, rank 0 sets the summary layer's standardisation: the mean and standard
     deviation of each summary over the first :data:`STANDARDISATION_SAMPLES` training volumes, computed by
     :mod:`cosmoflow.summaries` in float64 from the stored counts (the baseline's own numbers); a summary that
-    does not vary keeps scale 1.  The other ranks get rank 0's values with the weights at the start (and a
-    resume its checkpoint's)."""
-    if not cfg.model.summaries or not dist.is_root:
+    does not vary keeps scale 1.  With ``model.summary_residual`` the summaries of every training volume are
+    computed (each rank a share, in file order) and rank 0 fits :func:`cosmoflow.information.fit_ridge` on them,
+    the baseline's regression: the layer takes its standardisation and the fixed ``summary_ridge`` path its
+    coefficients, so the network starts as the baseline.  The other ranks get rank 0's values with the weights
+    at the start (and a resume its checkpoint's)."""
+    m = cfg.model
+    if not m.summaries:
+        return
+    layer = network.get_layer("summaries")
+    if m.summary_residual:
+        rows, targets = _every_training_summary(cfg, dist)
+        if not dist.is_root:
+            return
+        pipeline, _ = cosmoflow_information.fit_ridge(rows, targets)
+        scaler, ridge = pipeline[0], pipeline[-1]
+        layer.mean.assign(scaler.mean_.astype(np.float32))
+        layer.scale.assign(scaler.scale_.astype(np.float32))
+        path = network.get_layer("summary_ridge")
+        path.kernel.assign(np.asarray(ridge.coef_, np.float64).reshape(len(targets[0]), -1).T.astype(np.float32))
+        path.bias.assign(np.broadcast_to(ridge.intercept_, (len(targets[0]),)).astype(np.float32))
+        return
+    if not dist.is_root:
         return
     rows = []
     for volume, _ in cosmoflow_data.raw_samples(cfg, "train"):
-        rows.append(summary_statistics.summary_vector(volume, cfg.data.mock.box_size_mpc_h, cfg.model.summary_bins,
-                                                      cfg.model.summaries))
+        rows.append(summary_statistics.summary_vector(volume, cfg.data.mock.box_size_mpc_h, m.summary_bins,
+                                                      m.summaries))
         if len(rows) == STANDARDISATION_SAMPLES:
             break
     rows = np.array(rows)
     mean, std = rows.mean(axis=0), rows.std(axis=0)
-    layer = network.get_layer("summaries")
     layer.mean.assign(mean.astype(np.float32))
     layer.scale.assign(np.where(std > 1e-6 * np.maximum(np.abs(mean), 1.0), std, 1.0).astype(np.float32))
+
+
+def _every_training_summary(cfg: CosmoflowConfig, dist) -> tuple[np.ndarray, np.ndarray]:
+    """The summary vector and normalised targets of every training volume in file order, on every rank: rank r
+    computes those of volumes r, r + size, ... and the ranks gather them."""
+    share = []
+    for i, (volume, y) in enumerate(cosmoflow_data.raw_samples(cfg, "train")):
+        if i % dist.size == dist.rank:
+            share.append((i, summary_statistics.summary_vector(volume, cfg.data.mock.box_size_mpc_h,
+                                                               cfg.model.summary_bins, cfg.model.summaries), y))
+    rows = sorted((row for part in dist.allgather_object(share) for row in part), key=lambda row: row[0])
+    return np.array([row[1] for row in rows]), np.array([row[2] for row in rows], np.float64)
 
 
 def check_blocks_fit(cfg: CosmoflowConfig) -> None:
@@ -302,6 +337,12 @@ def build_model(cfg: CosmoflowConfig) -> keras.Model:
         if m.dropout > 0:
             x = ByteDropout(m.dropout, name=f"dropout{j + 1}")(x)
     # Outputs in float32 whatever the precision policy.
-    x = layers.Dense(n_targets, activation="tanh", kernel_regularizer=regularizer, dtype="float32", name="targets")(x)
+    # With summary_residual the head's last layer starts at zero: the network starts as the ridge path below.
+    x = layers.Dense(n_targets, activation="tanh", kernel_regularizer=regularizer, dtype="float32", name="targets",
+                     kernel_initializer="zeros" if m.summary_residual else "glorot_uniform")(x)
     outputs = layers.Rescaling(m.output_scale, dtype="float32", name="output_scale")(x)
+    if m.summary_residual:
+        # The baseline: a linear map of the standardised summaries, fitted by prepare_network and never trained.
+        ridge = layers.Dense(n_targets, trainable=False, dtype="float32", name="summary_ridge")(measured)
+        outputs = layers.Add(dtype="float32", name="ridge_plus_residual")([ridge, outputs])
     return keras.Model(inputs, outputs, name=m.name)

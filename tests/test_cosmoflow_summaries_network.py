@@ -213,18 +213,107 @@ def test_the_standardisation_is_the_training_volumes_mean_and_deviation(tiny_cos
     np.testing.assert_allclose(layer.scale.numpy(), np.where(varies, std, 1.0), rtol=2 * U)
 
 
+def stored_targets(folder: pathlib.Path) -> np.ndarray:
+    """Every record's y of ``folder``'s TFRecords in file order, read with tf.train.Example (the mocks store the
+    four parameters in the MLPerf order, the config's default target_names, without offset or scale)."""
+    return np.array([tf.train.Example.FromString(record.numpy()).features.feature["y"].float_list.value
+                     for path in sorted(folder.glob("*.tfrecord")) for record in tf.data.TFRecordDataset([str(path)])],
+                    np.float64)
+
+
+def closed_form_ridge(x: np.ndarray, y: np.ndarray, penalty: float):
+    """Ridge on standardised features in closed form (numpy, not scikit-learn): centre, spread (1 where a
+    feature does not vary), weights on the standardised features and intercept."""
+    centre, spread = x.mean(axis=0), x.std(axis=0)
+    spread = np.where(spread > 0, spread, 1.0)
+    a = (x - centre) / spread
+    normal = a.T @ a + penalty * np.eye(a.shape[1])
+    weights = np.linalg.solve(normal, a.T @ (y - y.mean(axis=0)))
+    return centre, spread, weights, y.mean(axis=0), np.linalg.cond(normal)
+
+
+def baseline_ridge(rows: np.ndarray, targets: np.ndarray):
+    """The baseline's ridge by hand: per target the penalty of :data:`cosmoflow.information.PENALTIES` whose fit on
+    the first 80 % of the rows has the smallest MAE on the rest, refitted on all rows in closed form.  Centre,
+    spread, weights (features x targets), intercepts and each target's tolerance on its weights: the two float64
+    solves (scikit-learn solves the same system its own way) within a few cond x eps of the weights' size."""
+    from cosmoflow.information import PENALTIES
+
+    fit = len(rows) - round(0.2 * len(rows))
+    held_out = []
+    for penalty in PENALTIES:
+        centre, spread, weights, intercept, _ = closed_form_ridge(rows[:fit], targets[:fit], penalty)
+        held_out.append(np.abs((rows[fit:] - centre) / spread @ weights + intercept - targets[fit:]).mean(axis=0))
+    chosen = PENALTIES[np.argmin(np.array(held_out), axis=0)]
+    columns, tolerances = [], []
+    for j, penalty in enumerate(chosen):
+        centre, spread, weights, intercept, condition = closed_form_ridge(rows, targets, penalty)
+        columns.append(weights[:, j])
+        tolerances.append(16 * condition * np.finfo(np.float64).eps * np.abs(weights[:, j]).max())
+    return centre, spread, np.stack(columns, axis=1), intercept, np.array(tolerances)
+
+
+def assert_ridge_path(network: keras.Model, rows: np.ndarray, targets: np.ndarray) -> None:
+    """The network's standardisation and fixed path are float32 copies (one rounding each) of the baseline's fit."""
+    centre, spread, weights, intercept, tolerance = baseline_ridge(rows, targets)
+    layer, path = network.get_layer("summaries"), network.get_layer("summary_ridge")
+    np.testing.assert_allclose(layer.mean.numpy(), centre, rtol=2 * U, atol=1e-12)
+    np.testing.assert_allclose(layer.scale.numpy(), spread, rtol=2 * U)
+    for j in range(weights.shape[1]):
+        np.testing.assert_allclose(path.kernel.numpy()[:, j], weights[:, j], rtol=U, atol=tolerance[j])
+    np.testing.assert_allclose(path.bias.numpy(), intercept, rtol=2 * U)
+
+
+def test_the_residual_network_starts_as_the_ridge_baseline_fitted_on_every_training_volume(tiny_cosmo_data):
+    parts = ("power", "one_point")
+    cfg = tiny_config(tiny_cosmo_data, summaries=list(parts), summary_bins=BINS, summary_residual=True)
+    network = build_model(cfg)
+    ridge_path = network.get_layer("summary_ridge")
+    assert not ridge_path.trainable and all(w is not ridge_path.kernel for w in network.trainable_weights)
+    assert not network.get_layer("targets").kernel.numpy().any()   # the head's last layer starts at zero
+    prepare_network(network, cfg, Distributed())
+    volumes = stored_volumes(tiny_cosmo_data / "train", (16, 16, 16, 4)).astype(np.float64)
+    rows = np.array([summaries.summary_vector(v, BOX, BINS, parts) for v in volumes])
+    assert len(rows) == 32
+    assert_ridge_path(network, rows, stored_targets(tiny_cosmo_data / "train"))
+    # At the start the network's outputs are the ridge's on its own float32 summaries: a float32 dot product of
+    # the standardised summaries with the float32 kernel, within gamma_n of sum |w z| (Higham 3.5).
+    standardised = keras.Model(network.input, network.get_layer("summaries").output)(volumes[:4].astype(np.float32))
+    z = np.asarray(standardised, np.float64)
+    kernel, bias = ridge_path.kernel.numpy().astype(np.float64), ridge_path.bias.numpy().astype(np.float64)
+    expected = z @ kernel + bias
+    n = z.shape[1] + 1
+    bound = n * U / (1 - n * U) * (np.abs(z) @ np.abs(kernel) + np.abs(bias))
+    got = np.asarray(network(volumes[:4].astype(np.float32)), np.float64)
+    assert np.all(np.abs(got - expected) <= bound), np.abs(got - expected) / bound
+
+
+def test_the_residual_switch_needs_the_summaries():
+    with pytest.raises(ConfigError, match=r"model.summary_residual needs model.summaries"):
+        tiny_config(summary_residual=True)
+    keras.utils.set_random_seed(1)
+    plain = build_model(tiny_config(summaries=["power"], summary_bins=BINS))
+    keras.utils.set_random_seed(1)
+    residual = build_model(tiny_config(summaries=["power"], summary_bins=BINS, summary_residual=True))
+    # the residual network is the summaries network with a zero last layer plus the fixed ridge path
+    names = {layer.name for layer in plain.layers}
+    assert {layer.name for layer in residual.layers} == names | {"summary_ridge", "ridge_plus_residual"}
+    assert [w.shape for w in residual.trainable_weights] == [w.shape for w in plain.trainable_weights]
+    assert not residual.get_layer("targets").kernel.numpy().any() and plain.get_layer("targets").kernel.numpy().any()
+
+
 @pytest.fixture(scope="module")
 def summaries_run(tiny_cosmo_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("summaries") / "run"
     run_python(["-m", "cosmoflow.train", "--config", str(DEMO), *tiny_cosmo_overrides(tiny_cosmo_data, epochs=2),
                 "--set", "model.pooling=average", "--set", "model.summaries=[power, log_power, cross, one_point]",
                 "--set", f"model.summary_bins={BINS}", "--set", f"data.mock.box_size_mpc_h={BOX}",
-                "--output-dir", str(run_dir)], ranks=2)
+                "--set", "model.summary_residual=true", "--output-dir", str(run_dir)], ranks=2)
     return run_dir
 
 
 @pytest.mark.horovod
-def test_a_run_with_summaries_trains_saves_and_is_evaluated_and_predicted(summaries_run, tiny_cosmo_data, tmp_path):
+def test_a_run_with_summaries_and_the_residual_trains_saves_and_is_evaluated_and_predicted(summaries_run, tiny_cosmo_data, tmp_path):
     run_dir = summaries_run
     rows = (run_dir / "history.csv").read_text().splitlines()
     assert len(rows) == 3
@@ -237,6 +326,9 @@ def test_a_run_with_summaries_trains_saves_and_is_evaluated_and_predicted(summar
     volumes = stored_volumes(tiny_cosmo_data / "train", (16, 16, 16, 4)).astype(np.float64)
     rows = np.array([summaries.summary_vector(v, BOX, BINS) for v in volumes])
     np.testing.assert_allclose(layer.mean.numpy(), rows.mean(axis=0), rtol=U, atol=U)
+    # model.summary_residual: the two ranks' shares of the summaries, gathered in file order, gave rank 0 the
+    # baseline's ridge, and training left that path as it was
+    assert_ridge_path(network, rows, stored_targets(tiny_cosmo_data / "train"))
     # predict reads a file of the validation split with the network that takes counts
     validation = sorted((tiny_cosmo_data / "validation").glob("*.tfrecord"))[0]
     run_python(["-m", "cosmoflow.predict", "--run-dir", str(run_dir), "--input", str(validation), "--out",
