@@ -25,6 +25,10 @@ class TrainingModel(keras.Model):
 
     def __init__(self, network: keras.Model, dist: Distributed, gradient_compression: str = "none",
                  gradient_lag: int = 0, **kwargs):
+        # autocast off: a Keras model casts its floating inputs to its compute dtype, and under mixed precision
+        # this wrapper would hand the network bfloat16/float16 copies of inputs it declares float32 (CosmoFlow's
+        # particle counts for its summaries: 257 arrived as 256); the network's own layers cast what they need.
+        kwargs.setdefault("autocast", False)
         super().__init__(name=kwargs.pop("name", f"train_{network.name}"), **kwargs)
         self.network = network
         self._dist = dist

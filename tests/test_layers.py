@@ -172,3 +172,26 @@ def test_plain_keras_swaps_in_the_keras_layers_with_the_same_weights():
     assert [type(layer).__name__ for layer in plain.layers][1:4] == ["Conv2D", "BatchNormalization", "Dropout"]
     probe = np.random.default_rng(5).normal(size=(2, 10, 10, 3)).astype("float32")
     np.testing.assert_allclose(plain(probe).numpy(), model(probe).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_the_training_wrapper_hands_the_network_its_inputs_as_they_are(policy):
+    """Under mixed precision the trainer's wrapper passes a float32 input through unrounded: 257 is not a
+    bfloat16 (it rounds to 256) and 2049 not a float16; the network's own layers cast what they compute in.
+    (CosmoFlow's summaries network takes particle counts in float32; training saw them rounded until the
+    wrapper stopped casting, while evaluation, which calls the network, saw them whole.)"""
+    from common.distributed import Distributed
+    from common.training_model import TrainingModel
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        inputs = keras.Input((3,), dtype="float32")
+        kept = keras.layers.Identity(dtype="float32")(inputs)
+        network = keras.Model(inputs, kept)
+        model = TrainingModel(network, Distributed())
+        x = np.array([[257.0, 2049.0, 1.0]], np.float32)
+        np.testing.assert_array_equal(np.asarray(model(x)), x)
+        model.compile(loss="mse", jit_compile=False)
+        np.testing.assert_array_equal(model.predict(x, verbose=0), x)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
