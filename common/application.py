@@ -122,8 +122,8 @@ class Parts:
     # the input pipeline does (common.tools.bench --input-only); None: no ceiling for this application yet
     input_ceiling: Callable[[Any, int], dict] | None = None
     # (network, cfg, Distributed): what the built network takes from the training data (e.g. a standardisation),
-    # set before training starts; rank 0's values reach the others with the weights (and a resume's checkpoint
-    # replaces them)
+    # set by the trainer on a fresh start only (a resume takes the checkpoint's values; the benchmark times the
+    # network as built); rank 0's values reach the others with the weights
     prepare_network: Callable[[Any, Any, Any], None] | None = None
 
 

@@ -151,8 +151,6 @@ def prepare_run(app: Application, cfg: AppConfig, dist: Distributed, datasets: D
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserInputError(f"{app.name}: the model section cannot be built for this data ({first}); check "
                              "model.* against data.sample_shape / data.image_size / data.grid") from None
-    if app.prepare_network is not None:
-        app.prepare_network(network, cfg, dist)
     for output in network.outputs:
         if output.dtype != "float32":
             raise TypeError(f"{app.name} model output {output.name} is {output.dtype}; build the last layer "
@@ -360,6 +358,9 @@ def _set_up(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFold
         datasets = prepare_data(app, cfg, dist)
         run = prepare_run(app, cfg, dist, datasets)
         resumed = _load_resume_state(run, cfg, dist, claim, folder.resume)
+        if resumed.checkpoint is None and app.prepare_network is not None:
+            # a fresh start: values the network takes from the data (a resume has them in its checkpoint)
+            app.prepare_network(run.network, cfg, dist)
     except UserInputError as exc:
         if gate is None:
             raise

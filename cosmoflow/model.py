@@ -34,6 +34,7 @@ matter of config.
 
 from __future__ import annotations
 
+import logging
 from itertools import combinations
 
 import keras
@@ -52,6 +53,8 @@ from cosmoflow.config import CosmoflowConfig
 cosmoflow_data = DeferredModule("cosmoflow.data")
 # The ridge baseline (scikit-learn) that ``model.summary_residual`` starts from: read when it is fitted.
 cosmoflow_information = DeferredModule("cosmoflow.information")
+
+log = logging.getLogger(__name__)
 
 # Training volumes the summary standardisation is measured on (the first of train/, in file order).
 STANDARDISATION_SAMPLES = 256
@@ -213,7 +216,7 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
     computed (each rank a share, in file order) and rank 0 fits :func:`cosmoflow.information.fit_ridge` on them,
     the baseline's regression: the layer takes its standardisation and the fixed ``summary_ridge`` path its
     coefficients, so the network starts as the baseline.  The other ranks get rank 0's values with the weights
-    at the start (and a resume its checkpoint's)."""
+    at the start; the trainer calls this on a fresh start only (a resume takes its checkpoint's)."""
     m = cfg.model
     if not m.summaries:
         return
@@ -222,7 +225,9 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
         rows, targets = _every_training_summary(cfg, dist)
         if not dist.is_root:
             return
-        pipeline, _ = cosmoflow_information.fit_ridge(rows, targets)
+        pipeline, penalty = cosmoflow_information.fit_ridge(rows, targets)
+        log.info(f"cosmoflow: the network starts as the ridge baseline on the summaries of {len(rows)} training "
+                 f"volumes (penalty per target {', '.join(f'{p:.3g}' for p in penalty)}, chosen on the last 20 %)")
         scaler, ridge = pipeline[0], pipeline[-1]
         layer.mean.assign(scaler.mean_.astype(np.float32))
         layer.scale.assign(scaler.scale_.astype(np.float32))
@@ -239,6 +244,7 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
         if len(rows) == STANDARDISATION_SAMPLES:
             break
     rows = np.array(rows)
+    log.info(f"cosmoflow: the summaries standardised by the first {len(rows)} training volumes'")
     mean, std = rows.mean(axis=0), rows.std(axis=0)
     layer.mean.assign(mean.astype(np.float32))
     layer.scale.assign(np.where(std > 1e-6 * np.maximum(np.abs(mean), 1.0), std, 1.0).astype(np.float32))

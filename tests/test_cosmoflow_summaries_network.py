@@ -305,10 +305,12 @@ def test_the_residual_switch_needs_the_summaries():
 @pytest.fixture(scope="module")
 def summaries_run(tiny_cosmo_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("summaries") / "run"
-    run_python(["-m", "cosmoflow.train", "--config", str(DEMO), *tiny_cosmo_overrides(tiny_cosmo_data, epochs=2),
+    result = run_python(["-m", "cosmoflow.train", "--config", str(DEMO), *tiny_cosmo_overrides(tiny_cosmo_data, epochs=2),
                 "--set", "model.pooling=average", "--set", "model.summaries=[power, log_power, cross, one_point]",
                 "--set", f"model.summary_bins={BINS}", "--set", f"data.mock.box_size_mpc_h={BOX}",
                 "--set", "model.summary_residual=true", "--output-dir", str(run_dir)], ranks=2)
+    assert "the network starts as the ridge baseline on the summaries of 32 training volumes" in (
+        result.stdout + result.stderr)
     return run_dir
 
 
@@ -334,3 +336,12 @@ def test_a_run_with_summaries_and_the_residual_trains_saves_and_is_evaluated_and
     run_python(["-m", "cosmoflow.predict", "--run-dir", str(run_dir), "--input", str(validation), "--out",
                 str(tmp_path / "predicted")])
     assert any((tmp_path / "predicted").iterdir())
+    # a resume takes the path and the standardisation from its checkpoint: nothing is fitted again
+    resumed = run_python(["-m", "cosmoflow.train", "--config", str(DEMO), *tiny_cosmo_overrides(tiny_cosmo_data, epochs=3),
+                          "--set", "model.pooling=average", "--set", "model.summaries=[power, log_power, cross, one_point]",
+                          "--set", f"model.summary_bins={BINS}", "--set", f"data.mock.box_size_mpc_h={BOX}",
+                          "--set", "model.summary_residual=true", "--output-dir", str(run_dir), "--resume"])
+    assert "training volumes" not in resumed.stdout + resumed.stderr
+    assert len((run_dir / "history.csv").read_text().splitlines()) == 4
+    assert_ridge_path(keras.models.load_model(run_dir / "model.keras", compile=False), rows,
+                      stored_targets(tiny_cosmo_data / "train"))
