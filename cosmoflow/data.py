@@ -451,10 +451,11 @@ def evaluation_dataset(cfg: CosmoflowConfig, name: str = "validation") -> tuple[
                                   seed=cfg.train.seed), samples.count
 
 
-def raw_samples(cfg: CosmoflowConfig, name: str = "validation"):
+def raw_samples(cfg: CosmoflowConfig, name: str = "validation", selected: bool = False):
     """Every sample of a split as stored (the volume before normalisation, its selected targets), in file
-    order, as numpy arrays (for analyses outside the network: ``cosmoflow.information``)."""
-    samples = split(cfg, name, Distributed())
+    order, as numpy arrays (for analyses outside the network: ``cosmoflow.information``); ``selected``: the first
+    ``data.n_train`` / ``data.n_valid`` only, what training uses."""
+    samples = split(cfg, name, Distributed(), selected)
     layout = samples.layout
     targets = targets_transform(cfg, layout)
     for x, y, file, sized in samples.read(Distributed(), cfg.train.seed, False).take(samples.count):

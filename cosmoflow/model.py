@@ -56,8 +56,10 @@ cosmoflow_information = DeferredModule("cosmoflow.information")
 
 log = logging.getLogger(__name__)
 
-# Training volumes the summary standardisation is measured on (the first of train/, in file order).
+# Training volumes the summary standardisation is measured on (the first of those training uses, in file order).
 STANDARDISATION_SAMPLES = 256
+# The fewest training volumes model.summary_residual fits its ridge on: the penalty is chosen on the last 20 %.
+RIDGE_MIN_VOLUMES = 10
 
 
 def input_dtype(cfg: CosmoflowConfig) -> str:
@@ -73,11 +75,20 @@ def check_summaries(cfg: CosmoflowConfig) -> None:
         return
     if len(set(shape[:3])) != 1:
         raise ConfigError(f"model.summaries: the summaries are of a cubic box, but data.sample_shape is {shape}")
-    try:
-        summary_statistics.k_binning(shape[0], float(cfg.data.mock.box_size_mpc_h), m.summary_bins)
-    except ConfigError:
+    if not _bins_fit(shape[0], float(cfg.data.mock.box_size_mpc_h), m.summary_bins):
+        most = max((b for b in range(1, m.summary_bins) if _bins_fit(shape[0], cfg.data.mock.box_size_mpc_h, b)),
+                   default=None)
         raise ConfigError(f"model.summary_bins={m.summary_bins}: a k bin of the {shape[0]}^3 volumes holds no "
-                          f"Fourier mode; use at most about {shape[0] // 3}") from None
+                          f"Fourier mode; " + (f"use at most {most}" if most else "the volumes are too small"))
+
+
+def _bins_fit(grid: int, box_size: float, n_bins: int) -> bool:
+    """Whether every one of ``n_bins`` k bins of a ``grid``^3 volume holds a Fourier mode."""
+    try:
+        summary_statistics.k_binning(grid, float(box_size), n_bins)
+    except ConfigError:
+        return False
+    return True
 
 
 @keras.saving.register_keras_serializable(package="cosmoflow")
@@ -223,6 +234,10 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
     layer = network.get_layer("summaries")
     if m.summary_residual:
         rows, targets = _every_training_summary(cfg, dist)
+        if len(rows) < RIDGE_MIN_VOLUMES:   # every rank holds every row: all refuse alike
+            raise ConfigError(f"model.summary_residual: the ridge it starts from needs at least {RIDGE_MIN_VOLUMES} "
+                              f"training volumes (its penalty is chosen on the last 20 %), and training uses "
+                              f"{len(rows)} (data.n_train, {cfg.data.data_dir}/train)")
         if not dist.is_root:
             return
         pipeline, penalty = cosmoflow_information.fit_ridge(rows, targets)
@@ -238,7 +253,7 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
     if not dist.is_root:
         return
     rows = []
-    for volume, _ in cosmoflow_data.raw_samples(cfg, "train"):
+    for volume, _ in cosmoflow_data.raw_samples(cfg, "train", selected=True):
         rows.append(summary_statistics.summary_vector(volume, cfg.data.mock.box_size_mpc_h, m.summary_bins,
                                                       m.summaries))
         if len(rows) == STANDARDISATION_SAMPLES:
@@ -251,10 +266,11 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
 
 
 def _every_training_summary(cfg: CosmoflowConfig, dist) -> tuple[np.ndarray, np.ndarray]:
-    """The summary vector and normalised targets of every training volume in file order, on every rank: rank r
-    computes those of volumes r, r + size, ... and the ranks gather them."""
+    """The summary vector and normalised targets of every volume training uses (the first ``data.n_train`` of
+    train/) in file order, on every rank: rank r computes those of volumes r, r + size, ... and the ranks gather
+    them."""
     share = []
-    for i, (volume, y) in enumerate(cosmoflow_data.raw_samples(cfg, "train")):
+    for i, (volume, y) in enumerate(cosmoflow_data.raw_samples(cfg, "train", selected=True)):
         if i % dist.size == dist.rank:
             share.append((i, summary_statistics.summary_vector(volume, cfg.data.mock.box_size_mpc_h,
                                                                cfg.model.summary_bins, cfg.model.summaries), y))

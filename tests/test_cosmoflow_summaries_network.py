@@ -181,8 +181,12 @@ def test_the_switch_refuses_what_it_cannot_compute():
     with pytest.raises(ConfigError, match=r"model.summaries"):
         tiny_config(summaries=["bispectrum"])
     cfg = tiny_config(summaries=["power"], summary_bins=40)
-    with pytest.raises(ConfigError, match=r"model.summary_bins=40: .* use at most about 5"):
+    with pytest.raises(ConfigError, match=r"model.summary_bins=40: .* use at most \d+$") as refused:
         check_summaries(cfg)
+    most = int(str(refused.value).rsplit(" ", 1)[-1])   # the advice is the largest that works
+    check_summaries(tiny_config(summaries=["power"], summary_bins=most))
+    with pytest.raises(ConfigError, match=rf"model.summary_bins={most + 1}: .* use at most {most}$"):
+        check_summaries(tiny_config(summaries=["power"], summary_bins=most + 1))
     cfg = tiny_config(summaries=["power"])
     cfg.data.sample_shape = (16, 16, 8, 4)
     with pytest.raises(ConfigError, match=r"model.summaries: the summaries are of a cubic box"):
@@ -288,9 +292,31 @@ def test_the_residual_network_starts_as_the_ridge_baseline_fitted_on_every_train
     assert np.all(np.abs(got - expected) <= bound), np.abs(got - expected) / bound
 
 
+def test_the_residual_network_fits_on_the_volumes_training_uses_and_refuses_too_few(tiny_cosmo_data):
+    parts = ("power",)
+    cfg = tiny_config(tiny_cosmo_data, summaries=list(parts), summary_bins=BINS, summary_residual=True)
+    cfg.data.n_train = 12   # of the 32 in train/: the ridge and its standardisation see these 12 only
+    network = build_model(cfg)
+    prepare_network(network, cfg, Distributed())
+    volumes = stored_volumes(tiny_cosmo_data / "train", (16, 16, 16, 4))[:12].astype(np.float64)
+    rows = np.array([summaries.summary_vector(v, BOX, BINS, parts) for v in volumes])
+    assert_ridge_path(network, rows, stored_targets(tiny_cosmo_data / "train")[:12])
+    # the plain standardisation too: the first of the volumes training uses
+    plain = tiny_config(tiny_cosmo_data, summaries=list(parts), summary_bins=BINS)
+    plain.data.n_train = 12
+    network = build_model(plain)
+    prepare_network(network, plain, Distributed())
+    np.testing.assert_allclose(network.get_layer("summaries").mean.numpy(), rows.mean(axis=0), rtol=U, atol=U)
+    cfg.data.n_train = 9
+    with pytest.raises(ConfigError, match=r"^model.summary_residual: .* at least 10 training volumes .* uses 9 "
+                                          r"\(data.n_train, "):
+        prepare_network(build_model(cfg), cfg, Distributed())
+
+
 def test_the_residual_switch_needs_the_summaries():
-    with pytest.raises(ConfigError, match=r"model.summary_residual needs model.summaries"):
+    with pytest.raises(ConfigError, match=r"model.summary_residual needs model.summaries") as refused:
         tiny_config(summary_residual=True)
+    assert "got {" not in str(refused.value)   # the key's own words, not a dump of the model section
     keras.utils.set_random_seed(1)
     plain = build_model(tiny_config(summaries=["power"], summary_bins=BINS))
     keras.utils.set_random_seed(1)
