@@ -173,7 +173,8 @@ def _resume_record(cfg: AppConfig, run: Run) -> dict:
     """What a checkpoint records for a resume to match (:data:`common.storage.checkpoint.RESUME_KEYS`)."""
     opt = cfg.optimizer
     return {"global_batch_size": run.global_batch_size, "steps_per_epoch": run.datasets.steps_per_epoch,
-            "precision": cfg.train.precision, "optimizer": opt.name + ("+larc" if opt.larc.enabled else "")}
+            "precision": cfg.train.precision, "optimizer": opt.name + ("+larc" if opt.larc.enabled else ""),
+            "model": cfg.model.model_dump(mode="json")}
 
 
 def _keep_global_batch(cfg: AppConfig, dist: Distributed, claim: Claim) -> None:

@@ -158,7 +158,12 @@ def test_a_changed_batch_or_model_is_refused_before_anything_is_written(tiny_cos
     assert "ckpt-epoch-00001.npz: written with global_batch_size 4, this run has 2" in batch
     model = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "model.base_filters=8",
                                             epochs=2), check=False))
-    assert "ckpt-epoch-00001.npz" in model and "has shape" in model and "not resumed" in model
+    assert "ckpt-epoch-00001.npz: written with model.base_filters 4, this run has 8" in model
+    assert "not resumed" in model
+    # a change that leaves every weight's shape as it was is refused too, by its name (it was resumed silently)
+    same_shapes = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "model.l2=0.001",
+                                                  epochs=2), check=False))
+    assert "ckpt-epoch-00001.npz: written with model.l2 0.0, this run has 0.001" in same_shapes
     optimizer = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "optimizer.name=adam",
                                                 epochs=2), check=False))
     assert "ckpt-epoch-00001.npz" in optimizer
@@ -209,6 +214,26 @@ def test_a_second_training_on_the_same_folder_is_refused(tiny_cosmo_data, tmp_pa
     latest = checkpoint.read_state(checkpoint.latest_checkpoint(run_dir / "checkpoints"))
     header, *rows = (run_dir / "history.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in rows] == [str(e) for e in range(latest["epoch"])]   # one run's history
+
+
+def test_ctrl_c_ends_a_training_with_one_line_and_the_shells_code(tiny_cosmo_data, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, *train_args(tiny_cosmo_data, run_dir, epochs=500, batch_size=1)]
+    run = subprocess.Popen(args, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + STARTUP_S
+    while not (run_dir / "checkpoints" / "ckpt-epoch-00001.npz").exists():
+        assert run.poll() is None and time.time() < deadline, run.communicate()
+        time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert said == [f"interrupted (Ctrl-C); {run_dir}: a rerun with --resume continues from the newest checkpoint "
+                    "there, if the run had written one (exit 130)"]
+    attempts = json.loads((run_dir / "attempts.json").read_text())
+    assert attempts["attempts"][-1]["status"] == "interrupted", attempts
+    assert checkpoint.latest_checkpoint(run_dir / "checkpoints") is not None   # what the line says is there
 
 
 def test_concurrent_writers_of_one_checkpoint_and_a_failed_write(tmp_path, monkeypatch):

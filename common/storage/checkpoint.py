@@ -50,7 +50,7 @@ TEMPORARY_PATTERN = re.compile(r"^\.ckpt-epoch-\d+(?:-step-\d+)?\.npz\..+\.tmp$"
 STATE_KEY = "__state__"
 TEST_HOOK = "HPCDL_TEST_CHECKPOINT_HOOK"   # tests only: see _test_hook
 # State-record keys a resume must match (written since they were introduced; older checkpoints lack them).
-RESUME_KEYS = ("global_batch_size", "steps_per_epoch", "precision", "optimizer")
+RESUME_KEYS = ("global_batch_size", "steps_per_epoch", "precision", "optimizer", "model")
 
 
 class CorruptCheckpoint(UserInputError):
@@ -222,6 +222,28 @@ def check_compatible(path, state: dict, arrays: dict, model_variables, optimizer
     """Raise :class:`UserInputError` naming ``path`` unless the checkpoint fits this run: the same number
     and shapes of model and optimizer variables, and each of :data:`RESUME_KEYS` the checkpoint records
     equal to ``expected``."""
+    explain = {
+        "global_batch_size": "ranks x data.batch_size; the checkpoint's position and learning-rate schedule "
+                             "count steps of its global batch",
+        "steps_per_epoch": "the training set or data.n_train changed; the position counts the checkpoint's steps",
+        "precision": "train.precision",
+        "optimizer": "optimizer.name / optimizer.larc.enabled",
+        "model": "the model section",
+    }
+    for key in RESUME_KEYS:
+        if key == "model" and isinstance(state.get(key), dict) and isinstance(expected.get(key), dict):
+            # keys both know (a later version's new keys leave an older checkpoint resumable)
+            changed = [k for k in sorted(set(state[key]) & set(expected[key])) if state[key][k] != expected[key][k]]
+            if changed:
+                said = "; ".join(f"model.{k} {state[key][k]!r}, this run has {expected[key][k]!r}" for k in changed[:3])
+                raise UserInputError(f"{path}: written with {said} (the network its weights belong to); not "
+                                     "resumed: restore the setting, or start afresh with --force or another "
+                                     "--output-dir")
+            continue
+        if key in state and key in expected and state[key] != expected[key]:
+            raise UserInputError(f"{path}: written with {key} {state[key]}, this run has {expected[key]} "
+                                 f"({explain[key]}); not resumed: restore the setting, or start afresh with --force "
+                                 "or another --output-dir")
     for prefix, variables in (("model", model_variables), ("optimizer", optimizer_variables)):
         saved = sorted(k for k in arrays if k.startswith(prefix + "/"))
         if len(saved) != len(variables):
@@ -232,18 +254,6 @@ def check_compatible(path, state: dict, arrays: dict, model_variables, optimizer
                 raise UserInputError(f"{path}: {prefix} variable {variable.path} has shape {tuple(variable.shape)} "
                                      f"here but {arrays[key].shape} in the checkpoint (another model config?); "
                                      "not resumed")
-    explain = {
-        "global_batch_size": "ranks x data.batch_size; the checkpoint's position and learning-rate schedule "
-                             "count steps of its global batch",
-        "steps_per_epoch": "the training set or data.n_train changed; the position counts the checkpoint's steps",
-        "precision": "train.precision",
-        "optimizer": "optimizer.name / optimizer.larc.enabled",
-    }
-    for key in RESUME_KEYS:
-        if key in state and key in expected and state[key] != expected[key]:
-            raise UserInputError(f"{path}: written with {key} {state[key]}, this run has {expected[key]} "
-                                 f"({explain[key]}); not resumed: restore the setting, or start afresh with --force "
-                                 "or another --output-dir")
 
 
 def assign_checkpoint(state: dict, arrays: dict, model_variables, optimizer_variables) -> list:
