@@ -314,7 +314,9 @@ def _format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
             problems.append(f"missing required key '{path}'")
         else:
             message = err["msg"].removeprefix("Value error, ")
-            problems.append(f"key '{path}': {message} (got {err.get('input')!r})")
+            given = err.get("input")
+            # a section's own check (a model_validator) names its keys itself: its input is the whole section
+            problems.append(f"key '{path}': {message}" + ("" if isinstance(given, dict) else f" (got {given!r})"))
     return f"{source}: " + "; ".join(problems)
 
 
