@@ -22,7 +22,7 @@ from common import distributed, registry
 from common.console import logs
 from common.config import instance_configs, load_config, read_yaml
 from common.deferred import DeferredModule
-from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
+from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, NonFiniteLoss,
                            Preempted, UserInputError)
 from common.instances import JobFolder, run_instances
 from common.loop.preemption import StopRequest
@@ -219,6 +219,13 @@ def _train_and_report(app, cfg, dist, output_dir, args, stop_request, gate=None)
         return EXIT_NONFINITE, None, f"{exc}; {outcome}" if outcome else str(exc)
     except UserInputError:
         raise
+    except KeyboardInterrupt:
+        # Ctrl-C: the attempt is recorded as interrupted and a refused claim undone (trainer.train); one line
+        # instead of the traceback of wherever the signal landed, and the shell's code for SIGINT
+        if dist.is_root:
+            print(f"interrupted (Ctrl-C); {output_dir}: a rerun with --resume continues from the newest checkpoint "
+                  "there, if the run had written one (exit 130)", file=sys.stderr, flush=True)
+        exit_process(EXIT_INTERRUPTED)
     except Exception as exc:
         traceback.print_exc()
         print(f"error: rank {dist.rank} of {dist.size} failed: {type(exc).__name__}: {exc}",

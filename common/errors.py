@@ -9,6 +9,7 @@ Exit codes (documented in the README; the SLURM scripts requeue on 75):
 3     the loss became NaN/Inf (the last good checkpoint is kept)
 4     no training progress for ``train.hang_timeout_s`` (a rank died or hung)
 75    preempted (SIGTERM/SIGUSR1): a checkpoint was saved; rerun with --resume
+130   interrupted (Ctrl-C): one line; a rerun with --resume continues from the newest checkpoint, if any
 ====  ==================================================================
 """
 
@@ -19,6 +20,7 @@ EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 3
 EXIT_HUNG = 4
 EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130   # Ctrl-C (SIGINT), as a shell reports it
 
 
 class UserInputError(Exception):
