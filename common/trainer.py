@@ -300,7 +300,7 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
     # stop_request: the entry point's, installed before TensorFlow loaded
     session = Session(measure_peak, stop_request or StopRequest(), watchdog,
                       attempts.Attempt(folder.path, f"{app.name}.train", force), gate, started)
-    failed = True
+    failed, preempted = True, False
     try:
         summary = _train(app, cfg, dist, folder, session)
         failed = False
@@ -311,10 +311,12 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
         session.attempt.end_with(exc)
         raise
     except BaseException as exc:
+        preempted = isinstance(exc, Preempted)
         session.attempt.end_with(exc)
         raise
     finally:
-        session.stop_request.close()
+        # ending on a stop request (exit 75): a rank that stopped on another rank's signal may get its own late
+        session.stop_request.close(absorb=preempted)
         if watchdog is not None:
             watchdog.stop()
         folder.close(failed)   # a run refused before it started leaves no trace of its claim

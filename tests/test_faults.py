@@ -219,7 +219,10 @@ def test_a_second_training_on_the_same_folder_is_refused(tiny_cosmo_data, tmp_pa
 def test_ctrl_c_ends_a_training_with_one_line_and_the_shells_code(tiny_cosmo_data, tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, *train_args(tiny_cosmo_data, run_dir, epochs=500, batch_size=1)]
-    run = subprocess.Popen(args, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child, as in a terminal: a job started in the background by a
+    # non-interactive shell (CI's) inherits it ignored, and Python then never raises KeyboardInterrupt
+    run = subprocess.Popen(args, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + STARTUP_S
     while not (run_dir / "checkpoints" / "ckpt-epoch-00001.npz").exists():
         assert run.poll() is None and time.time() < deadline, run.communicate()
@@ -234,6 +237,18 @@ def test_ctrl_c_ends_a_training_with_one_line_and_the_shells_code(tiny_cosmo_dat
     attempts = json.loads((run_dir / "attempts.json").read_text())
     assert attempts["attempts"][-1]["status"] == "interrupted", attempts
     assert checkpoint.latest_checkpoint(run_dir / "checkpoints") is not None   # what the line says is there
+
+
+@pytest.mark.parametrize("absorb, code", [(False, -signal.SIGUSR1), (True, 0)])
+def test_a_stop_signal_after_the_stop_is_absorbed_while_the_process_ends(absorb, code):
+    """A rank that stopped on another rank's signal may get its own after its handlers closed: ending on a stop
+    request (exit 75), it ignores it instead of dying of SIGUSR1's default action (138, which is not requeued)."""
+    script = ("import os, signal\nfrom common.loop.preemption import StopRequest\nrequest = StopRequest()\n"
+              f"request.close(absorb={absorb})\nos.kill(os.getpid(), signal.SIGUSR1)\nprint('still here')\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=python_env(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == code, result.stderr
+    assert ("still here" in result.stdout) == absorb
 
 
 def test_concurrent_writers_of_one_checkpoint_and_a_failed_write(tmp_path, monkeypatch):

@@ -30,7 +30,11 @@ class StopRequest:
         self.requested = True
         self.signal_name = signal.Signals(signum).name
 
-    def close(self):
+    def close(self, absorb: bool = False):
+        """Put back the handlers there were; with ``absorb`` (the process is ending on a stop request, exit 75) a
+        late stop signal is ignored instead: a rank that stopped on another rank's signal may get its own after
+        this, and SIGUSR1's default action would end it with 138, which a launcher that requeues on 75 does not
+        requeue."""
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if absorb else handler)
         self._previous = {}
