@@ -113,7 +113,7 @@ class CosmoModelSection(Section):
     summary_residual: bool = Field(
         False, description="the network learns the residual of the ridge baseline: a fixed linear path from the "
                            "standardised summaries to the outputs, set at the start to cosmoflow.information's ridge "
-                           "fitted on all of train/, plus the network's head, whose last layer starts at zero (the "
+                           "fitted on the data.n_train training volumes, plus the network's head, whose last layer starts at zero (the "
                            "network starts as the baseline); needs model.summaries")
 
     @model_validator(mode="after")

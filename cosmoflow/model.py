@@ -23,7 +23,7 @@ numbers, to float32 round-off), standardised by the mean and standard deviation 
 (:func:`prepare_network`), and they join the convolutional features before the dense layers.  Those two layers
 are the package's own: a saved network loads with Keras once ``cosmoflow.model`` is imported.  With
 ``summary_residual`` as well, the network learns the baseline's residual: a fixed linear path from the
-standardised summaries (the ridge of ``cosmoflow.information`` fitted on all of train/ at the start) is added to
+standardised summaries (the ridge of ``cosmoflow.information`` fitted at the start on the volumes training uses) is added to
 the head's output, whose last layer starts at zero, so that training starts from the baseline's predictions.
 
 ``configs/cosmoflow/mlperf.yaml`` gives the reference network at 128^3 x 4:
