@@ -17,7 +17,7 @@ import pathlib
 import re
 import types
 import typing
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import pydantic
 import yaml
@@ -226,7 +226,13 @@ class MlperfSection(Section):
 
 
 class AppConfig(Section):
-    """What every application schema has; apps narrow ``data`` and add ``model``."""
+    """What every application schema has; apps narrow ``data`` and add ``model``.
+
+    ``NETWORK_DATA_KEYS``: the dotted ``data`` keys that decide what the network's weights mean (its input
+    transform, its targets' order and scale, what its own layers compute from the input); a checkpoint records
+    them beside the model section, and a resume that changed one is refused."""
+
+    NETWORK_DATA_KEYS: ClassVar[tuple[str, ...]] = ()
 
     data: DataSection
     train: TrainSection = Field(default_factory=TrainSection)
@@ -236,6 +242,18 @@ class AppConfig(Section):
 
 
 ConfigT = TypeVar("ConfigT", bound=AppConfig)
+
+
+def network_data_record(cfg: AppConfig) -> dict:
+    """``{dotted key: JSON value}`` of the config's :attr:`AppConfig.NETWORK_DATA_KEYS`."""
+    record = {}
+    for key in type(cfg).NETWORK_DATA_KEYS:
+        node: Any = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        record[key] = node.model_dump(mode="json") if isinstance(node, BaseModel) else \
+            pydantic.TypeAdapter(Any).dump_python(node, mode="json")
+    return record
 
 
 ENVIRONMENT_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")

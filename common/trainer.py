@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.application import Application, Datasets
-from common.config import AppConfig
+from common.config import AppConfig, network_data_record
 from common.console import cpu
 from common.distributed import Distributed
 from common.errors import NonFiniteLoss, Preempted, UserInputError
@@ -174,7 +174,7 @@ def _resume_record(cfg: AppConfig, run: Run) -> dict:
     opt = cfg.optimizer
     return {"global_batch_size": run.global_batch_size, "steps_per_epoch": run.datasets.steps_per_epoch,
             "precision": cfg.train.precision, "optimizer": opt.name + ("+larc" if opt.larc.enabled else ""),
-            "model": cfg.model.model_dump(mode="json")}
+            "model": {**cfg.model.model_dump(mode="json"), **network_data_record(cfg)}}
 
 
 def _keep_global_batch(cfg: AppConfig, dist: Distributed, claim: Claim) -> None:

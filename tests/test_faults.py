@@ -164,6 +164,13 @@ def test_a_changed_batch_or_model_is_refused_before_anything_is_written(tiny_cos
     same_shapes = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "model.l2=0.001",
                                                   epochs=2), check=False))
     assert "ckpt-epoch-00001.npz: written with model.l2 0.0, this run has 0.001" in same_shapes
+    # data keys that decide what the weights mean: the input transform, the box the summaries' k bins are in
+    transform = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "data.apply_log=false",
+                                                epochs=2), check=False))
+    assert "ckpt-epoch-00001.npz: written with data.apply_log True, this run has False" in transform
+    box = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set",
+                                          "data.mock.box_size_mpc_h=512", epochs=2), check=False))
+    assert "written with data.mock.box_size_mpc_h" in box and "this run has 512.0" in box
     optimizer = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "optimizer.name=adam",
                                                 epochs=2), check=False))
     assert "ckpt-epoch-00001.npz" in optimizer

@@ -235,7 +235,8 @@ def check_compatible(path, state: dict, arrays: dict, model_variables, optimizer
             # keys both know (a later version's new keys leave an older checkpoint resumable)
             changed = [k for k in sorted(set(state[key]) & set(expected[key])) if state[key][k] != expected[key][k]]
             if changed:
-                said = "; ".join(f"model.{k} {state[key][k]!r}, this run has {expected[key][k]!r}" for k in changed[:3])
+                said = "; ".join(f"{k if k.startswith('data.') else 'model.' + k} {state[key][k]!r}, this run has "
+                                 f"{expected[key][k]!r}" for k in changed[:3])
                 raise UserInputError(f"{path}: written with {said} (the network its weights belong to); not "
                                      "resumed: restore the setting, or start afresh with --force or another "
                                      "--output-dir")
