@@ -240,6 +240,7 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
                               f"{len(rows)} (data.n_train, {cfg.data.data_dir}/train)")
         if not dist.is_root:
             return
+        _warn_constant(rows, cfg)
         pipeline, penalty = cosmoflow_information.fit_ridge(rows, targets)
         log.info(f"cosmoflow: the network starts as the ridge baseline on the summaries of {len(rows)} training "
                  f"volumes (penalty per target {', '.join(f'{p:.3g}' for p in penalty)}, chosen on the last 20 %)")
@@ -260,9 +261,20 @@ def prepare_network(network: keras.Model, cfg: CosmoflowConfig, dist) -> None:
             break
     rows = np.array(rows)
     log.info(f"cosmoflow: the summaries standardised by the first {len(rows)} training volumes'")
+    _warn_constant(rows, cfg)
     mean, std = rows.mean(axis=0), rows.std(axis=0)
     layer.mean.assign(mean.astype(np.float32))
     layer.scale.assign(np.where(std > 1e-6 * np.maximum(np.abs(mean), 1.0), std, 1.0).astype(np.float32))
+
+
+def _warn_constant(rows: np.ndarray, cfg: CosmoflowConfig) -> None:
+    """A warning when every summary is the same in all the training volumes read (empty or constant volumes):
+    then the summaries tell the network nothing.  (A few constant ones are normal: the empty-voxel fraction of
+    dense volumes is 0 in all of them.)"""
+    if len(rows) > 1 and np.all(np.ptp(rows, axis=0) <= 1e-12 * np.maximum(np.abs(rows).max(axis=0), 1e-300)):
+        log.warning(f"cosmoflow: every one of the {rows.shape[1]} model.summaries numbers is the same in all "
+                    f"{len(rows)} training volumes read from {cfg.data.data_dir}/train (empty or constant volumes?): "
+                    "they carry nothing")
 
 
 def _every_training_summary(cfg: CosmoflowConfig, dist) -> tuple[np.ndarray, np.ndarray]:

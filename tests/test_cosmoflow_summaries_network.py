@@ -217,6 +217,32 @@ def test_the_standardisation_is_the_training_volumes_mean_and_deviation(tiny_cos
     np.testing.assert_allclose(layer.scale.numpy(), np.where(varies, std, 1.0), rtol=2 * U)
 
 
+def test_empty_training_volumes_are_warned_of_not_trained_on_silently(tiny_cosmo_data, tmp_path, caplog):
+    """Volumes whose counts are all zero (a broken conversion) give every summary one value: a warning says so."""
+    empty = tmp_path / "empty"
+    for split in ("train", "validation"):
+        (empty / split).mkdir(parents=True)
+        for path in sorted((tiny_cosmo_data / split).glob("*.tfrecord")):
+            with tf.io.TFRecordWriter(str(empty / split / path.name)) as writer:
+                for record in tf.data.TFRecordDataset([str(path)]):
+                    example = tf.train.Example.FromString(record.numpy())
+                    x = example.features.feature["x"].bytes_list
+                    x.value[0] = bytes(len(x.value[0]))
+                    writer.write(example.SerializeToString())
+    assert not stored_volumes(empty / "train", (16, 16, 16, 4)).any()
+    for residual in (False, True):
+        cfg = tiny_config(empty, summaries=["power", "one_point"], summary_bins=BINS, summary_residual=residual)
+        caplog.clear()
+        prepare_network(build_model(cfg), cfg, Distributed())
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and "numbers is the same in all" in warned[0] and str(empty / "train") in warned[0]
+    # the real mocks: some numbers are constant (no empty voxels), not all: no warning
+    cfg = tiny_config(tiny_cosmo_data, summaries=["power", "one_point"], summary_bins=BINS)
+    caplog.clear()
+    prepare_network(build_model(cfg), cfg, Distributed())
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def stored_targets(folder: pathlib.Path) -> np.ndarray:
     """Every record's y of ``folder``'s TFRecords in file order, read with tf.train.Example (the mocks store the
     four parameters in the MLPerf order, the config's default target_names, without offset or scale)."""
