@@ -6,6 +6,12 @@
         --series "reference (flatten)" runs/n512-s0 runs/n512-s1 runs/n2048-s0 \\
         --series "global average pooling" runs/avg-n512-s0 ... [--json learning_curve.json]
 
+With ``--regressions power,power+log_power+cross+one_point`` the regressions drawn are those summary sets of the
+information JSON's ``learning_curves`` (default: its ``power`` and ``power+pdf`` curves); each ``--bound FILE``
+(the JSON of ``cosmoflow.information``, with ``--summary-fisher`` for the summaries' bound) adds the Fisher bounds
+it holds as horizontal lines, their best MAE over the validation set's training-mean MAE; ``--earlier FILE``
+(an earlier ``--json`` of this tool) adds the network series it holds, for runs whose folders are gone.
+
 Each run directory is a finished training (``python -m cosmoflow.train``, any ``data.n_train``) evaluated on
 its validation split (``python -m cosmoflow.evaluate``): its size is the ``train_samples_per_epoch`` of its
 ``summary.json``, its MAE per parameter that of its ``metrics.json`` over the training-mean baseline's.
@@ -37,7 +43,15 @@ from common.storage.plots import read_history
 # Imported where used, not here: matplotlib's pyplot, only where the figure is drawn.
 
 PANELS = ("Omega_m", "sigma_8", "n_s", "H0")
-REGRESSIONS = {"power": "ridge on log P(k)", "power+pdf": "ridge on log P(k) + one-point"}
+REGRESSIONS = {"power": "ridge on log P(k)", "power+pdf": "ridge on log P(k) + one-point",
+               "power+log_power+cross+one_point": "ridge on all the summaries"}
+REGRESSION_STYLES = [dict(color="C1", marker="s", ls="--"), dict(color="C2", marker="^", ls=":"),
+                     dict(color="C8", marker="v", ls="-."), dict(color="C9", marker="D", ls="--")]
+BOUND_STYLES = [dict(color="0.35", ls=(0, (4, 2)), lw=1.1), dict(color="0.6", ls=(0, (1, 1.5)), lw=1.1)]
+
+
+def regression_label(name: str) -> str:
+    return REGRESSIONS.get(name, f"ridge on {name}")
 
 
 def _read_json(path: pathlib.Path, what: str) -> dict:
@@ -104,20 +118,87 @@ def check_same_data(information: dict, runs: list[dict], information_path) -> No
                              f"{folders.pop()}; expected the same folder")
 
 
-def plot(networks: dict[str, dict], regressions: dict, title: str):
+def select_regressions(information: dict, names: str | None, path) -> dict:
+    """The regression curves to draw: ``names`` (comma-separated summary sets of ``learning_curves``), or the
+    legacy ``learning_curve`` ones; a one-line error naming the file and what it holds otherwise."""
+    if names is None:
+        regressions = information.get("learning_curve")
+        if not regressions:
+            raise UserInputError(f"{path}: no learning_curve; expected the JSON of python -m cosmoflow.information "
+                                 "--train-sizes 256,512,...")
+        return regressions
+    held = {**(information.get("learning_curve") or {}), **(information.get("learning_curves") or {})}
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    missing = [name for name in wanted if name not in held]
+    if not wanted or missing:
+        raise UserInputError(f"{path}: no learning curve of {', '.join(missing) or '(none named)'} for --regressions; "
+                             f"it holds {', '.join(held) or 'none'} (python -m cosmoflow.information --features ... "
+                             "--train-sizes ...)")
+    return {name: held[name] for name in wanted}
+
+
+def read_bounds(paths: list[str], information: dict, information_path) -> dict[str, dict[str, float]]:
+    """``{label: {parameter: best MAE / training-mean MAE}}`` of the Fisher bounds in each ``--bound`` JSON:
+    the linear bound and, when computed, the summaries' bound; the denominator is the regression's
+    training-mean MAE on the validation set (the same as the runs')."""
+    baseline = {name: row["baseline_mae"] for name, row in (information.get("regression") or {}).items()}
+    if not baseline:
+        raise UserInputError(f"{information_path}: no regression; expected the JSON of python -m cosmoflow.information")
+    bounds = {}
+    for path in paths:
+        report = _read_json(pathlib.Path(path), "the JSON of python -m cosmoflow.information")
+        if report.get("grid") != information.get("grid") or report.get("box_size_mpc_h") != information.get("box_size_mpc_h"):
+            raise UserInputError(f"{path}: a bound for {report.get('grid')}^3 voxels of a {report.get('box_size_mpc_h')} "
+                                 f"Mpc/h box, the regression's volumes are {information.get('grid')}^3 of "
+                                 f"{information.get('box_size_mpc_h')}; expected the same volumes")
+        found = False
+        if isinstance(report.get("fisher"), dict):
+            bounds.setdefault("linear Fisher bound (initial field)", {
+                name: row["best_mae"] / baseline[name] for name, row in report["fisher"].items() if name in baseline})
+            found = True
+        summary = report.get("summary_fisher")
+        if isinstance(summary, dict) and isinstance(summary.get("parameters"), dict):
+            label = f"Fisher bound of {summary.get('summaries_used')} summaries ({summary.get('features')}, " \
+                    f"{report.get('bins')} bins)"
+            bounds[label] = {name: row["best_mae"] / baseline[name] for name, row in summary["parameters"].items()
+                             if name in baseline}
+            found = True
+        if not found:
+            raise UserInputError(f"{path}: no fisher or summary_fisher; expected the JSON of python -m "
+                                 "cosmoflow.information [--summary-fisher]")
+    return bounds
+
+
+def read_earlier(path, information: dict) -> dict[str, dict]:
+    """The network series of an earlier ``--json`` of this tool, checked to be on the regression's data."""
+    earlier = _read_json(pathlib.Path(path), "an earlier --json of python -m cosmoflow.learning_curve")
+    if not isinstance(earlier.get("networks"), dict) or not isinstance(earlier.get("runs"), dict):
+        raise UserInputError(f"{path}: no networks and runs; expected an earlier --json of python -m "
+                             "cosmoflow.learning_curve")
+    folders = {run.get("data_dir") for group in earlier["runs"].values() for run in group}
+    if folders != {information.get("data_dir")}:
+        raise UserInputError(f"{path}: its runs read {', '.join(sorted(map(str, folders)))}, the regression "
+                             f"{information.get('data_dir')}; expected the same folder")
+    return earlier
+
+
+def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict | None = None):
     """One panel per parameter: MAE / training-mean MAE against training volumes (the figure)."""
     names = [n for n in PANELS if any(n in rows for curve in networks.values() for rows in curve.values())]
     fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.6), squeeze=False)
     colours = ["C0", "C3", "C4", "C5", "C6"]
     series = [(label, curve, dict(color=colours[i % len(colours)], marker="o", lw=1.6))
               for i, (label, curve) in enumerate(networks.items())]
-    styles = {"power": dict(color="C1", marker="s", ls="--"), "power+pdf": dict(color="C2", marker="^", ls=":")}
-    series += [(REGRESSIONS[key], curve, styles[key]) for key, curve in regressions.items()]
+    series += [(regression_label(key), curve, REGRESSION_STYLES[i % len(REGRESSION_STYLES)])
+               for i, (key, curve) in enumerate(regressions.items())]
     for axis, name in zip(axes[0], names):
         for label, curve, style in series:
             sizes = [int(n) for n in curve if name in curve[n]]
             axis.errorbar(sizes, [curve[str(n)][name]["ratio_mean"] for n in sizes],
                           yerr=[curve[str(n)][name]["ratio_std"] for n in sizes], capsize=3, ms=4, label=label, **style)
+        for i, (label, bound) in enumerate((bounds or {}).items()):
+            if name in bound:
+                axis.axhline(bound[name], label=label, **BOUND_STYLES[i % len(BOUND_STYLES)])
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         plain = plt.FuncFormatter(lambda value, _: f"{value:.2g}")
@@ -130,17 +211,27 @@ def plot(networks: dict[str, dict], regressions: dict, title: str):
         axis.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("validation MAE / training-mean MAE")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    rows = -(-len(labels) // 3)
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.045 + 0.045 * rows, 1, 1))
     return fig
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.learning_curve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--information", required=True, help="JSON of python -m cosmoflow.information --train-sizes ...")
-    parser.add_argument("--series", nargs="+", action="append", required=True, metavar="LABEL_THEN_RUNS",
+    parser.add_argument("--series", nargs="+", action="append", default=[], metavar="LABEL_THEN_RUNS",
                         help="a label, then its evaluated training run directories (repeatable)")
+    parser.add_argument("--regressions", metavar="SETS",
+                        help="comma-separated summary sets of the information JSON's learning_curves to draw "
+                             "(default: its power and power+pdf curves)")
+    parser.add_argument("--bound", action="append", default=[], metavar="JSON",
+                        help="a JSON of python -m cosmoflow.information [--summary-fisher]: its Fisher bounds as "
+                             "horizontal lines (repeatable)")
+    parser.add_argument("--earlier", metavar="JSON",
+                        help="an earlier --json of this tool: its network series drawn too (their runs' folders "
+                             "may be gone)")
     parser.add_argument("--out", required=True, help="the figure (PNG)")
     parser.add_argument("--json", help="also write the curves to this file")
     parser.add_argument("--title", default="CosmoFlow: validation MAE against training-set size")
@@ -149,28 +240,33 @@ def main(argv=None) -> int:
 
     with exit_on_user_error():
         information = _read_json(pathlib.Path(args.information), "the JSON of python -m cosmoflow.information")
-        regressions = information.get("learning_curve")
-        if not regressions:
-            raise UserInputError(f"{args.information}: no learning_curve; expected the JSON of python -m "
-                                 "cosmoflow.information --train-sizes 256,512,...")
+        regressions = select_regressions(information, args.regressions, args.information)
+        earlier = read_earlier(args.earlier, information) if args.earlier else {"networks": {}, "runs": {}}
         series = {}
         for label, *directories in args.series:
-            if not directories or label in series:
+            if not directories or label in series or label in earlier["networks"]:
                 raise UserInputError(f"--series {label}: expected a new label followed by run directories")
             series[label] = [read_run(run) for run in directories]
+        if not series and not earlier["networks"]:
+            raise UserInputError("no networks to draw: give --series LABEL RUN_DIR... or --earlier JSON")
         runs = [run for group in series.values() for run in group]
-        check_same_data(information, runs, args.information)
-        networks = {label: network_curve(group) for label, group in series.items()}
+        if runs:
+            check_same_data(information, runs, args.information)
+        bounds = read_bounds(args.bound, information, args.information)
+        networks = {**earlier["networks"], **{label: network_curve(group) for label, group in series.items()}}
         print("validation MAE / training-mean MAE, mean +- std (networks: over seeds; ridge: over training draws)")
-        for label, curve in list(networks.items()) + [(REGRESSIONS[k], c) for k, c in regressions.items()]:
+        for label, curve in list(networks.items()) + [(regression_label(k), c) for k, c in regressions.items()]:
             print(f"  {label}:")
             for size, rows in curve.items():
                 print(f"    {int(size):>6} volumes: " + ", ".join(f"{n} {r['ratio_mean']:.3f} +- {r['ratio_std']:.3f}"
                                                               for n, r in rows.items()))
-        save_figure(plot(networks, regressions, args.title), args.out, "cosmoflow.learning_curve", force=args.force)
+        for label, bound in bounds.items():
+            print(f"  {label}: " + ", ".join(f"{n} {value:.3f}" for n, value in bound.items()))
+        save_figure(plot(networks, regressions, args.title, bounds), args.out, "cosmoflow.learning_curve",
+                    force=args.force)
         if args.json:
-            write_json(args.json, {"networks": networks, "regressions": regressions,
-                                   "runs": {label: group for label, group in series.items()}},
+            write_json(args.json, {"networks": networks, "regressions": regressions, "bounds": bounds,
+                                   "runs": {**earlier["runs"], **series}},
                        "cosmoflow.learning_curve", force=args.force)
     return 0
 

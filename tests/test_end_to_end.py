@@ -153,6 +153,49 @@ def test_learning_curve_reads_the_runs_and_the_regression(trained_run, tiny_cosm
     assert not (tmp_path / "other.png").exists()
 
 
+def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_networks(trained_run, tiny_cosmo_data,
+                                                                                      tmp_path):
+    run_dir, _ = trained_run
+    if not (run_dir / "metrics.json").exists():
+        run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(run_dir)])
+    information = tmp_path / "information.json"
+    run_python(["-m", "cosmoflow.information", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data), "--bins", "4",
+                "--features", "power+log_power", "--train-sizes", "16,32", "--repeats", "2", "--json", str(information)])
+    report = json.loads(information.read_text())
+    first = tmp_path / "first.json"
+    run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--series", "tiny", str(run_dir),
+                "--out", str(tmp_path / "first.png"), "--json", str(first)])
+    out = tmp_path / "curve.json"
+    result = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--earlier", str(first),
+                         "--series", "again", str(run_dir), "--regressions", "power,power+log_power",
+                         "--bound", str(information), "--out", str(tmp_path / "curve.png"), "--json", str(out)])
+    curve = json.loads(out.read_text())
+    assert list(curve["networks"]) == ["tiny", "again"]
+    assert curve["networks"]["tiny"] == json.loads(first.read_text())["networks"]["tiny"]
+    assert list(curve["regressions"]) == ["power", "power+log_power"]
+    assert curve["regressions"]["power+log_power"] == report["learning_curves"]["power+log_power"]
+    # the bound as a ratio: its best MAE over the validation set's training-mean MAE, as the regression has it
+    linear = curve["bounds"]["linear Fisher bound (initial field)"]
+    for name in ("Omega_m", "sigma_8", "n_s", "H0"):
+        assert linear[name] == pytest.approx(report["fisher"][name]["best_mae"] / report["regression"][name]["baseline_mae"])
+    assert "linear Fisher bound (initial field): Omega_m" in result.stdout
+    # refusals: a set the JSON lacks, an earlier figure of other data, nothing to draw; nothing written
+    for extra, said in ((["--regressions", "power,cross"], "no learning curve of cross for --regressions; it holds"),
+                        (["--earlier", str(information)], "no networks and runs; expected an earlier --json"),
+                        ([], "no networks to draw")):
+        args = ["--series", "tiny", str(run_dir)] if extra and extra[0] == "--regressions" else []
+        refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *args, *extra,
+                              "--out", str(tmp_path / "refused.png")], check=False)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+    moved = json.loads(first.read_text())
+    moved["runs"]["tiny"][0]["data_dir"] = str(tmp_path / "elsewhere")
+    (tmp_path / "moved.json").write_text(json.dumps(moved))
+    refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--earlier",
+                          str(tmp_path / "moved.json"), "--out", str(tmp_path / "refused.png")], check=False)
+    assert refused.returncode == 2 and "moved.json: its runs read" in refused.stderr
+    assert not (tmp_path / "refused.png").exists()
+
+
 def test_network_curve_averages_runs_of_one_size():
     from cosmoflow.learning_curve import network_curve
 
