@@ -131,8 +131,8 @@ class CosmoModelSection(Section):
 
 class CosmoflowConfig(AppConfig):
     # the input transform, the targets' order and scale, and the box the summaries' k bins are in
-    NETWORK_DATA_KEYS = ("data.apply_log", "data.target_names", "data.target_offset", "data.target_scale",
-                         "data.mock.box_size_mpc_h")
+    NETWORK_DATA_KEYS = ("data.apply_log", "data.target_names", "data.file_target_names", "data.target_offset",
+                         "data.target_scale", "data.mock.box_size_mpc_h")
 
     data: CosmoDataSection
     model: CosmoModelSection = Field(default_factory=CosmoModelSection)

@@ -171,6 +171,9 @@ def test_a_changed_batch_or_model_is_refused_before_anything_is_written(tiny_cos
     box = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set",
                                           "data.mock.box_size_mpc_h=512", epochs=2), check=False))
     assert "written with data.mock.box_size_mpc_h" in box and "this run has 512.0" in box
+    order = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set",
+                                            "data.file_target_names=[sigma_8, Omega_m, n_s, H0]", epochs=2), check=False))
+    assert "written with data.file_target_names None, this run has ['sigma_8', 'Omega_m', 'n_s', 'H0']" in order
     optimizer = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "optimizer.name=adam",
                                                 epochs=2), check=False))
     assert "ckpt-epoch-00001.npz" in optimizer

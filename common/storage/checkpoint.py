@@ -237,6 +237,7 @@ def check_compatible(path, state: dict, arrays: dict, model_variables, optimizer
             if changed:
                 said = "; ".join(f"{k if k.startswith('data.') else 'model.' + k} {state[key][k]!r}, this run has "
                                  f"{expected[key][k]!r}" for k in changed[:3])
+                said += f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
                 raise UserInputError(f"{path}: written with {said} (the network its weights belong to); not "
                                      "resumed: restore the setting, or start afresh with --force or another "
                                      "--output-dir")
