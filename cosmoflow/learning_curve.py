@@ -37,7 +37,7 @@ import yaml
 from common.cli import exit_on_user_error
 from common.deferred import pyplot as plt
 from common.errors import UserInputError
-from common.storage.outputs import save_figure, write_json
+from common.storage.outputs import check_replaceable, check_writable_folder, save_figure, write_json
 from common.storage.plots import read_history
 
 # Imported where used, not here: matplotlib's pyplot, only where the figure is drawn.
@@ -56,11 +56,46 @@ def regression_label(name: str) -> str:
 
 def _read_json(path: pathlib.Path, what: str) -> dict:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserInputError(f"{path}: not found ({what})") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserInputError(f"{path}: not readable as JSON ({exc}); expected {what}") from None
+    if not isinstance(data, dict):
+        raise UserInputError(f"{path}: holds a JSON {type(data).__name__}; expected {what} (an object)")
+    return data
+
+
+def _mapping(value, where: str, what: str = "an object") -> dict:
+    if not isinstance(value, dict) or not value:
+        raise UserInputError(f"{where}: expected {what}, got {_shown(value)}")
+    return value
+
+
+def _number(value, where: str, low: float = 0.0, strict: bool = True) -> float:
+    """A finite number above ``low`` (or at least, with ``strict`` False), or a one-line error naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
+            or (value <= low if strict else value < low):
+        raise UserInputError(f"{where}: expected a finite number {'above' if strict else 'at least'} {low:g}, "
+                             f"got {_shown(value)}")
+    return float(value)
+
+
+def _shown(value) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_curve(curve, where: str) -> dict:
+    """A curve as the tools write it, ``{size: {parameter: {"ratio_mean", "ratio_std", ...}}}``, checked."""
+    for size, rows in _mapping(curve, where, "a curve {size: {parameter: {ratio_mean, ratio_std}}}").items():
+        if not size.isdigit() or int(size) < 1:
+            raise UserInputError(f"{where}: size {size!r}: expected a number of training volumes")
+        for name, row in _mapping(rows, f"{where}.{size}").items():
+            row = _mapping(row, f"{where}.{size}.{name}")
+            _number(row.get("ratio_mean"), f"{where}.{size}.{name}.ratio_mean")
+            _number(row.get("ratio_std"), f"{where}.{size}.{name}.ratio_std", strict=False)
+    return curve
 
 
 def read_run(run_dir) -> dict:
@@ -126,24 +161,37 @@ def select_regressions(information: dict, names: str | None, path) -> dict:
         if not regressions:
             raise UserInputError(f"{path}: no learning_curve; expected the JSON of python -m cosmoflow.information "
                                  "--train-sizes 256,512,...")
-        return regressions
-    held = {**(information.get("learning_curve") or {}), **(information.get("learning_curves") or {})}
+        return {name: check_curve(curve, f"{path}: learning_curve.{name}")
+                for name, curve in _mapping(regressions, f"{path}: learning_curve").items()}
+    held = {}
+    for key in ("learning_curve", "learning_curves"):
+        if information.get(key) is not None:
+            held.update(_mapping(information[key], f"{path}: {key}", "an object of learning curves"))
     wanted = [name.strip() for name in names.split(",") if name.strip()]
     missing = [name for name in wanted if name not in held]
     if not wanted or missing:
         raise UserInputError(f"{path}: no learning curve of {', '.join(missing) or '(none named)'} for --regressions; "
                              f"it holds {', '.join(held) or 'none'} (python -m cosmoflow.information --features ... "
                              "--train-sizes ...)")
-    return {name: held[name] for name in wanted}
+    return {name: check_curve(held[name], f"{path}: learning curve {name}") for name in wanted}
 
 
 def read_bounds(paths: list[str], information: dict, information_path) -> dict[str, dict[str, float]]:
     """``{label: {parameter: best MAE / training-mean MAE}}`` of the Fisher bounds in each ``--bound`` JSON:
     the linear bound and, when computed, the summaries' bound; the denominator is the regression's
     training-mean MAE on the validation set (the same as the runs')."""
-    baseline = {name: row["baseline_mae"] for name, row in (information.get("regression") or {}).items()}
-    if not baseline:
-        raise UserInputError(f"{information_path}: no regression; expected the JSON of python -m cosmoflow.information")
+    if not paths:
+        return {}
+    regression = _mapping(information.get("regression"), f"{information_path}: regression",
+                          "the regression of python -m cosmoflow.information")
+    baseline = {name: _number(_mapping(row, f"{information_path}: regression.{name}").get("baseline_mae"),
+                              f"{information_path}: regression.{name}.baseline_mae")
+                for name, row in regression.items()}
+
+    def ratios(rows, where: str) -> dict[str, float]:
+        return {name: _number(_mapping(row, f"{where}.{name}").get("best_mae"), f"{where}.{name}.best_mae")
+                / baseline[name] for name, row in _mapping(rows, where).items() if name in baseline}
+
     bounds = {}
     for path in paths:
         report = _read_json(pathlib.Path(path), "the JSON of python -m cosmoflow.information")
@@ -152,16 +200,15 @@ def read_bounds(paths: list[str], information: dict, information_path) -> dict[s
                                  f"Mpc/h box, the regression's volumes are {information.get('grid')}^3 of "
                                  f"{information.get('box_size_mpc_h')}; expected the same volumes")
         found = False
-        if isinstance(report.get("fisher"), dict):
-            bounds.setdefault("linear Fisher bound (initial field)", {
-                name: row["best_mae"] / baseline[name] for name, row in report["fisher"].items() if name in baseline})
+        if report.get("fisher") is not None:
+            bounds.setdefault("linear Fisher bound (initial field)", ratios(report["fisher"], f"{path}: fisher"))
             found = True
         summary = report.get("summary_fisher")
-        if isinstance(summary, dict) and isinstance(summary.get("parameters"), dict):
+        if summary is not None:
+            summary = _mapping(summary, f"{path}: summary_fisher")
             label = f"Fisher bound of {summary.get('summaries_used')} summaries ({summary.get('features')}, " \
                     f"{report.get('bins')} bins)"
-            bounds[label] = {name: row["best_mae"] / baseline[name] for name, row in summary["parameters"].items()
-                             if name in baseline}
+            bounds[label] = ratios(summary.get("parameters"), f"{path}: summary_fisher.parameters")
             found = True
         if not found:
             raise UserInputError(f"{path}: no fisher or summary_fisher; expected the JSON of python -m "
@@ -175,7 +222,13 @@ def read_earlier(path, information: dict) -> dict[str, dict]:
     if not isinstance(earlier.get("networks"), dict) or not isinstance(earlier.get("runs"), dict):
         raise UserInputError(f"{path}: no networks and runs; expected an earlier --json of python -m "
                              "cosmoflow.learning_curve")
-    folders = {run.get("data_dir") for group in earlier["runs"].values() for run in group}
+    folders = set()
+    for label, curve in _mapping(earlier["networks"], f"{path}: networks").items():
+        check_curve(curve, f"{path}: networks.{label}")
+        group = earlier["runs"].get(label)
+        if not isinstance(group, list) or not group or not all(isinstance(run, dict) for run in group):
+            raise UserInputError(f"{path}: runs.{label}: expected the list of the series' runs, got {_shown(group)}")
+        folders |= {str(run.get("data_dir")) for run in group}
     if folders != {information.get("data_dir")}:
         raise UserInputError(f"{path}: its runs read {', '.join(sorted(map(str, folders)))}, the regression "
                              f"{information.get('data_dir')}; expected the same folder")
@@ -218,6 +271,25 @@ def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict 
     return fig
 
 
+def check_outputs(out: str, json_path: str | None, force: bool) -> None:
+    """Both outputs checked before anything is drawn or written: a PNG figure, a JSON elsewhere, each absent or
+    this suite's (or ``force``), each in a folder that can be written."""
+    if not out.lower().endswith(".png"):
+        raise UserInputError(f"--out {out}: expected a .png file (the figure)")
+    outputs = [("--out", pathlib.Path(out))]
+    if json_path:
+        if pathlib.Path(json_path).resolve() == pathlib.Path(out).resolve():
+            raise UserInputError(f"--json {json_path}: the same file as --out; name another")
+        outputs.append(("--json", pathlib.Path(json_path)))
+    for option, path in outputs:
+        if path.is_dir():
+            raise UserInputError(f"{path}: {option} names a folder; name a file")
+        check_replaceable(path, force)
+        if not path.parent.is_dir():
+            raise UserInputError(f"{path.parent}: not a folder (to write {option} {path.name} into)")
+        check_writable_folder(path.parent, f"the folder of {option} {path.name}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.learning_curve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--information", required=True, help="JSON of python -m cosmoflow.information --train-sizes ...")
@@ -239,12 +311,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     with exit_on_user_error():
+        check_outputs(args.out, args.json, args.force)
         information = _read_json(pathlib.Path(args.information), "the JSON of python -m cosmoflow.information")
         regressions = select_regressions(information, args.regressions, args.information)
         earlier = read_earlier(args.earlier, information) if args.earlier else {"networks": {}, "runs": {}}
         series = {}
         for label, *directories in args.series:
-            if not directories or label in series or label in earlier["networks"]:
+            if label in earlier["networks"]:
+                raise UserInputError(f"--series {label}: the label is a series of --earlier {args.earlier} already; "
+                                     "choose another")
+            if not directories or label in series:
                 raise UserInputError(f"--series {label}: expected a new label followed by run directories")
             series[label] = [read_run(run) for run in directories]
         if not series and not earlier["networks"]:

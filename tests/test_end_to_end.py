@@ -187,6 +187,23 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
         refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *args, *extra,
                               "--out", str(tmp_path / "refused.png")], check=False)
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+    # wrongly typed numbers, outputs that collide or cannot be written: one line, exit 2, no figure left behind
+    typed = json.loads(information.read_text())
+    typed["fisher"]["n_s"]["best_mae"] = "0.3"
+    (tmp_path / "typed.json").write_text(json.dumps(typed))
+    (tmp_path / "users.json").write_text("{}")
+    for extra, said in ((["--bound", str(tmp_path / "typed.json")], "typed.json: fisher.n_s.best_mae: expected a "
+                                                                   "finite number above 0, got \"0.3\""),
+                        (["--json", str(tmp_path / "refused.png")], "the same file as --out"),
+                        (["--json", str(tmp_path / "users.json")], "users.json: exists and was not written by this"),
+                        (["--earlier", str(first), "--series", "tiny", str(run_dir)],
+                         "--series tiny: the label is a series of --earlier")):
+        series = [] if "--series" in extra else ["--series", "again", str(run_dir)]
+        refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *series, *extra,
+                              "--out", str(tmp_path / "refused.png")], check=False)
+        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+        assert not (tmp_path / "refused.png").exists()
+    assert (tmp_path / "users.json").read_text() == "{}"
     moved = json.loads(first.read_text())
     moved["runs"]["tiny"][0]["data_dir"] = str(tmp_path / "elsewhere")
     (tmp_path / "moved.json").write_text(json.dumps(moved))
