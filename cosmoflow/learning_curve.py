@@ -257,7 +257,10 @@ def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict 
         plain = plt.FuncFormatter(lambda value, _: f"{value:.2g}")
         axis.xaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:g}"))
         axis.yaxis.set_major_formatter(plain)
-        axis.yaxis.set_minor_formatter(plain)
+        low, high = axis.get_ylim()
+        # every minor tick labelled within a decade; over more, those at 2, 3 and 5 only (labels would overlap)
+        axis.yaxis.set_minor_formatter(plain if high / low < 10 else plt.FuncFormatter(
+            lambda value, _: f"{value:.2g}" if f"{value:.0e}"[0] in "235" else ""))
         axis.tick_params(axis="y", which="both", labelsize=7)
         axis.set_title(name)
         axis.set_xlabel("training volumes")
