@@ -36,6 +36,7 @@ def require_run(run_dir: pathlib.Path) -> None:
         count = outputs.recorded_instances(found[1])
         raise UserInputError(f"{run_dir}: holds a job of {count or 'several'} instances, each a run of its own: "
                              f"evaluate one with --run-dir {run_dir / 'instance-0'} (up to instance-{(count or 2) - 1})")
+    outputs.refuse_if_locked(run_dir)   # a training in progress: "in use", not "model.keras not found"
     for required in ("config.yaml", "model.keras"):
         if not (run_dir / required).is_file():
             raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")

@@ -215,11 +215,12 @@ def test_a_second_training_on_the_same_folder_is_refused(tiny_cosmo_data, tmp_pa
         time.sleep(0.05)
     second = run_python(train_args(tiny_cosmo_data, run_dir, "--resume", epochs=500, batch_size=1), check=False)
     forced = run_python(train_args(tiny_cosmo_data, run_dir, "--force", epochs=500, batch_size=1), check=False)
+    evaluated = run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(run_dir)], check=False)
     assert first.poll() is None, "the first run ended before the second was tried"
     first.send_signal(signal.SIGTERM)
     out, err = first.communicate(timeout=300)
     assert first.returncode == 75, err[-3000:]
-    for refused in (second, forced):
+    for refused in (second, forced, evaluated):   # evaluate: in use, not "model.keras not found"
         assert f"{run_dir}: in use by cosmoflow.train (pid {first.pid}" in one_error(refused)
     latest = checkpoint.read_state(checkpoint.latest_checkpoint(run_dir / "checkpoints"))
     header, *rows = (run_dir / "history.csv").read_text().splitlines()
