@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import functools
 import pathlib
 import re
 import types
@@ -246,14 +247,8 @@ ConfigT = TypeVar("ConfigT", bound=AppConfig)
 
 def network_data_record(cfg: AppConfig) -> dict:
     """``{dotted key: JSON value}`` of the config's :attr:`AppConfig.NETWORK_DATA_KEYS`."""
-    record = {}
-    for key in type(cfg).NETWORK_DATA_KEYS:
-        node: Any = cfg
-        for part in key.split("."):
-            node = getattr(node, part)
-        record[key] = node.model_dump(mode="json") if isinstance(node, BaseModel) else \
-            pydantic.TypeAdapter(Any).dump_python(node, mode="json")
-    return record
+    dumped = config_to_dict(cfg)
+    return {key: functools.reduce(dict.__getitem__, key.split("."), dumped) for key in type(cfg).NETWORK_DATA_KEYS}
 
 
 ENVIRONMENT_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")

@@ -59,8 +59,8 @@ import numpy as np
 
 from common.cli import exit_on_user_error
 from common.config import load_config
-from common.errors import ConfigError, UserInputError
-from common.storage.outputs import check_replaceable, check_writable_folder, write_json
+from common.errors import ConfigError
+from common.storage.outputs import check_output_file, write_json
 from cosmoflow.config import CosmoflowConfig, TARGET_NAMES
 from cosmoflow.mock import available_cpus, cosmology_for, ensure_mock_data, make_universe, parameter_ranges
 from cosmoflow.summaries import (SUMMARY_PARTS, one_point, rfft_mode_weights, summary_length, summary_parts,
@@ -452,13 +452,7 @@ def main(argv=None) -> int:
         if args.summary_fisher and args.fisher_mocks < 2:
             raise ConfigError(f"--fisher-mocks: expected at least 2, got {args.fisher_mocks}")
         if args.json:   # checked before the work, not after it: a name this suite may write, in a folder it can
-            json_path = pathlib.Path(args.json)
-            if json_path.is_dir():
-                raise UserInputError(f"{json_path}: --json names a folder; name a file")
-            if not json_path.parent.is_dir():
-                raise UserInputError(f"{json_path.parent}: folder not found (to write --json {json_path.name} into)")
-            check_replaceable(json_path, how="name another --json file")
-            check_writable_folder(json_path.parent, f"the folder of --json {json_path.name}")
+            check_output_file(args.json, "--json", how="name another --json file")
         mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
         report = {"grid": grid, "box_size_mpc_h": mock.box_size_mpc_h, "k_max": args.k_max,
                   "data_dir": str(pathlib.Path(cfg.data.data_dir).resolve()), "bins": args.bins,

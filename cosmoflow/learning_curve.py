@@ -37,7 +37,7 @@ import yaml
 from common.cli import exit_on_user_error
 from common.deferred import pyplot as plt
 from common.errors import UserInputError
-from common.storage.outputs import check_replaceable, check_writable_folder, save_figure, write_json
+from common.storage.outputs import check_output_file, save_figure, write_json
 from common.storage.plots import read_history
 
 # Imported where used, not here: matplotlib's pyplot, only where the figure is drawn.
@@ -285,12 +285,7 @@ def check_outputs(out: str, json_path: str | None, force: bool) -> None:
             raise UserInputError(f"--json {json_path}: the same file as --out; name another")
         outputs.append(("--json", pathlib.Path(json_path)))
     for option, path in outputs:
-        if path.is_dir():
-            raise UserInputError(f"{path}: {option} names a folder; name a file")
-        check_replaceable(path, force)
-        if not path.parent.is_dir():
-            raise UserInputError(f"{path.parent}: not a folder (to write {option} {path.name} into)")
-        check_writable_folder(path.parent, f"the folder of {option} {path.name}")
+        check_output_file(path, option, force)
 
 
 def main(argv=None) -> int:

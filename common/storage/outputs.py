@@ -493,6 +493,18 @@ def check_writable_folder(folder, what: str) -> None:
                              + (f"(no write permission on {existing})" if existing != folder else "(no write permission)"))
 
 
+def check_output_file(path, option: str, force: bool = False, how: str = "pass --force to replace it") -> None:
+    """A file a command's ``option`` names, checked before any work: not a folder, in an existing folder that
+    can be written, absent or this suite's (or ``force``); a one-line error naming it otherwise."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise UserInputError(f"{path}: {option} names a folder; name a file")
+    if not path.parent.is_dir():
+        raise UserInputError(f"{path.parent}: folder not found (to write {option} {path.name} into)")
+    check_replaceable(path, force, how)
+    check_writable_folder(path.parent, f"the folder of {option} {path.name}")
+
+
 def mark_run_dir(output_dir, app: str, files=(), kind: str = "run", instances: int | None = None,
                  tool: str | None = None) -> None:
     """Create the run directory's marker (or add ``files`` to it), recording the ``kind`` of run it holds
