@@ -304,15 +304,21 @@ def run_predict(package: str, argv=None, description: str = "") -> int:
     parser.add_argument("--out", required=True, help="the folder to write into: new, empty, or one of predict's own")
     parser.add_argument("--force", action="store_true",
                         help="replace files of the names it writes that this suite did not write")
-    for prediction in predictions:
+    options_of = {}   # option -> (the application that declares it, its dest)
+    for application in registry.applications(package):
+        prediction = application.prediction
         if prediction is not None and prediction.add_options is not None:
+            before = len(parser._actions)
             prediction.add_options(parser)
+            for action in parser._actions[before:]:
+                options_of[action.option_strings[0]] = (application.name, action.dest, action.default)
     args = parser.parse_args(argv)
     dist = None
     with exit_on_user_error():
         predictor = known or predictor_of(package, args.run_dir)
         if predictor is None:
             raise UserInputError(f"{package} declares no prediction")
+        refuse_foreign_options(package, args, predictor, options_of)
         dist = distributed.init() if distributed.launched_world_size() > 1 else None
         try:
             index = predict_files(predictor, args.run_dir, args.input, args.out, args.force, args, dist)
@@ -328,6 +334,17 @@ def run_predict(package: str, argv=None, description: str = "") -> int:
             print(line)
         print(f"wrote {pathlib.Path(args.out) / INDEX}", flush=True)
     return 0
+
+
+def refuse_foreign_options(package: str, args, predictor: Predictor, options_of: dict) -> None:
+    """A :class:`UserInputError` naming an option given that belongs to another task's prediction than the
+    run's (``--probabilities`` on a detection run would otherwise be ignored without a word)."""
+    own = {application.name for application in registry.applications(package)
+           if application.prediction is predictor}
+    for option, (owner, dest, default) in options_of.items():
+        if owner not in own and getattr(args, dest, default) != default:
+            raise UserInputError(f"{option}: an option of {owner} prediction; the run at {args.run_dir} "
+                                 f"is {', '.join(sorted(own))}")
 
 
 def predictor_of(package: str, run_dir) -> Predictor | None:

@@ -18,7 +18,7 @@ import xarray as xr
 from climate_seg.cam5.config import EXTREMEWEATHER_CHANNELS
 from climate_seg.cam5.synth import grid_coordinates
 from climate_seg.detection.config import BOX_COLUMNS, FILE_BOX_COLUMNS
-from conftest import assert_predict_refuses, run_python
+from conftest import assert_predict_refuses, run_python, tree_state
 
 GRID = (32, 48)
 PREDICT = ["-m", "climate_seg.predict"]   # the entry module: the run's config picks the task
@@ -239,3 +239,12 @@ def test_refusals_are_one_line_and_change_nothing(trained, new_inputs, tmp_path)
     ]
     assert_predict_refuses("climate_seg", cases, watched=[tmp_path, root])
     assert not (tmp_path / "out").exists()
+    # Segmentation's --probabilities on a detection run: refused by name, not ignored.
+    before = tree_state(tmp_path, root)
+    result = run_python(["-m", "climate_seg.predict", "--run-dir", str(run), "--input", str(test_file),
+                         "--out", str(tmp_path / "out"), "--probabilities"], check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0] == (f"error: --probabilities: an option of climate_seg prediction; the run at {run} is "
+                        "climate_detection")
+    assert tree_state(tmp_path, root) == before
