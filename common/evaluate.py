@@ -17,6 +17,7 @@ import argparse
 import importlib
 import os
 import pathlib
+import sys
 import zipfile
 
 from common import registry
@@ -88,6 +89,8 @@ class EvaluationWriter:
         self._lock = None
         if outputs.read_run_marker(self.run_dir) is not None:
             self._lock = outputs.RunDirLock(self.run_dir, tool, option=None).acquire()   # the run it evaluates
+            for killed in outputs.remove_killed_writes(self.run_dir):
+                print(f"{tool}: removed {killed}, left by a write that was killed", file=sys.stderr, flush=True)
 
     def __enter__(self) -> "EvaluationWriter":
         return self

@@ -159,7 +159,10 @@ def claim_output_folder(out: pathlib.Path, app: str, tool: str, names, force: bo
     check_output_folder(out, names, force)
     created_folder, created_marker = not out.exists(), outputs.read_run_marker(out) is None
     outputs.mark_run_dir(out, app, files=[*names, INDEX], kind="predictions", tool=tool)
-    return Claim(out, outputs.RunDirLock(out, tool, option="--out").acquire(), created_folder, created_marker)
+    claim = Claim(out, outputs.RunDirLock(out, tool, option="--out").acquire(), created_folder, created_marker)
+    for killed in outputs.remove_killed_writes(out):
+        print(f"{tool}: removed {killed}, left by a write that was killed", file=sys.stderr, flush=True)
+    return claim
 
 
 def on_every_rank(dist, check):

@@ -282,6 +282,46 @@ def test_a_process_leaves_nothing_in_the_temporary_folder_even_when_killed(tmp_p
     assert sorted(p.name for p in tmp.iterdir()) == [users.name] and (users / "notes.txt").read_text() == "mine"
 
 
+# -- the temporary file of a killed write --------------------------------------------------------------------------
+
+KILLED_MID_WRITE = """
+import os, signal, sys
+from common.storage.outputs import atomic_path
+with atomic_path(sys.argv[1]) as temporary:
+    open(temporary, "w").write('{"half')
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_writes_temporary_file_is_removed_by_the_next_holder_of_the_lock_and_nothing_else(tmp_path):
+    """SIGKILL inside an atomic write leaves its hidden temporary file beside the real one (nothing runs in the
+    process); the next command that takes the folder's lock (predict's --out, evaluate's or train's run folder)
+    removes it.  Look-alikes are left: a name the marker does not list, a folder, a link, the user's own file."""
+    from common.storage import outputs
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    outputs.mark_run_dir(folder, "cosmoflow", files=["metrics.json"], kind="predictions", tool="test")
+    outputs.write_json(folder / "metrics.json", {"whole": True}, "test")
+    killed = run_python(["-c", KILLED_MID_WRITE, str(folder / "metrics.json")], check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    (left,) = [path for path in folder.iterdir() if path.name.startswith(".metrics.json.")]
+    assert left.read_text() == '{"half'
+    (folder / ".notes.txt.abcdefgh.partial").write_text("mine")      # not a name the marker lists
+    (folder / ".metrics.json.zzzzzzzz.partial").mkdir()              # a folder
+    (folder / ".metrics.json.yyyyyyyy.partial").symlink_to(tmp_path)  # a link
+    (folder / ".metrics.json.partial").write_text("mine")            # not mkstemp's name
+    lock = outputs.RunDirLock(folder, "test").acquire()
+    before = {path.name for path in folder.iterdir()}
+    try:
+        assert outputs.remove_killed_writes(folder) == [left]
+    finally:
+        lock.release()
+    assert {path.name for path in folder.iterdir()} == before - {left.name}
+    assert json.loads((folder / "metrics.json").read_text())["whole"] is True
+    assert outputs.remove_killed_writes(tmp_path) == []   # a folder without the suite's marker: nothing
+
+
 # -- the work folder of a killed generation ------------------------------------------------------------------------
 
 # One generation, as a process of its own: fill the work folder halfway, say where it is, then wait to be killed.

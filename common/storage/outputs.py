@@ -246,6 +246,29 @@ def atomic_path(path, force: bool = False, how: str = "pass --force to replace i
         temporary.unlink(missing_ok=True)   # created by this call; gone already after a successful replace
 
 
+# The name atomic_path gives its temporary file: "." + the destination's name + "." + mkstemp's 8 random
+# characters + the suffix one of the suite's writers asks for.
+KILLED_WRITE = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}(?:\.partial(?:\.nc)?|\.keras|\.png|\.npz|\.sha256)")
+
+
+def remove_killed_writes(folder) -> list[pathlib.Path]:
+    """Remove the temporary files :func:`atomic_path` left in ``folder`` when its process was killed mid-write
+    (a rename never came): those of a name the folder's marker lists as the suite's, or of the marker itself;
+    regular files only.  Call only while holding the folder's :class:`RunDirLock`: no writer of it is alive."""
+    folder = pathlib.Path(folder)
+    record = read_run_marker(folder)
+    if record is None:
+        return []
+    ours = {RUN_MARKER.lstrip("."), *map(str, record["files"])}
+    removed = []
+    for path in sorted(folder.iterdir()):
+        match = KILLED_WRITE.fullmatch(path.name)
+        if match and match["name"] in ours and path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def write_json(path, payload: dict, tool: str, force: bool = False) -> None:
     """``payload`` plus its ``written_by`` key, atomically."""
     with atomic_path(path, force) as temporary:
