@@ -10,7 +10,8 @@ With ``--regressions power,power+log_power+cross+one_point`` the regressions dra
 information JSON's ``learning_curves`` (default: its ``power`` and ``power+pdf`` curves); each ``--bound FILE``
 (the JSON of ``cosmoflow.information``, with ``--summary-fisher`` for the summaries' bound) adds the Fisher bounds
 it holds as horizontal lines, their best MAE over the validation set's training-mean MAE; ``--earlier FILE``
-(an earlier ``--json`` of this tool) adds the network series it holds, for runs whose folders are gone.
+(an earlier ``--json`` of this tool) adds the network series it holds, for runs whose folders are gone, and
+``--extend LABEL RUN...`` adds runs to one of them (its points recomputed over its earlier runs and these).
 
 Each run directory is a finished training (``python -m cosmoflow.train``, any ``data.n_train``) evaluated on
 its validation split (``python -m cosmoflow.evaluate``): its size is the ``train_samples_per_epoch`` of its
@@ -235,6 +236,32 @@ def read_earlier(path, information: dict) -> dict[str, dict]:
     return earlier
 
 
+def extend_series(earlier: dict, label: str, directories: list[str], earlier_path) -> list[dict]:
+    """The runs of the ``--earlier`` series ``label`` followed by those in ``directories`` (each read and
+    checked as ``--series`` reads its runs); a one-line error for a label the file lacks, an earlier run that
+    lacks what a point is computed from, or a run already in the series."""
+    if label not in earlier["runs"]:
+        raise UserInputError(f"--extend {label}: not a series of --earlier {earlier_path} (it holds "
+                             f"{', '.join(earlier['runs']) or 'none'})")
+    runs = []
+    for number, run in enumerate(earlier["runs"][label]):
+        where = f"{earlier_path}: runs.{label}[{number}]"
+        if not isinstance(run.get("train_samples"), int) or isinstance(run.get("seed"), bool) \
+                or not isinstance(run.get("seed"), int):
+            raise UserInputError(f"{where}: expected whole numbers train_samples and seed")
+        for key in ("mae", "ratio"):
+            for name, value in _mapping(run.get(key), f"{where}.{key}").items():
+                _number(value, f"{where}.{key}.{name}", strict=False)
+        runs.append(run)
+    known = {str(run.get("run_dir")) for run in runs}
+    for directory in directories:
+        if str(pathlib.Path(directory)) in known:
+            raise UserInputError(f"--extend {label}: {directory} is a run of that series already")
+        runs.append(read_run(directory))
+        known.add(str(pathlib.Path(directory)))
+    return runs
+
+
 def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict | None = None):
     """One panel per parameter: MAE / training-mean MAE against training volumes (the figure)."""
     names = [n for n in PANELS if any(n in rows for curve in networks.values() for rows in curve.values())]
@@ -302,6 +329,8 @@ def main(argv=None) -> int:
     parser.add_argument("--earlier", metavar="JSON",
                         help="an earlier --json of this tool: its network series drawn too (their runs' folders "
                              "may be gone)")
+    parser.add_argument("--extend", nargs="+", action="append", default=[], metavar="LABEL_THEN_RUNS",
+                        help="a series of --earlier, then more of its evaluated run directories (repeatable)")
     parser.add_argument("--out", required=True, help="the figure (PNG)")
     parser.add_argument("--json", help="also write the curves to this file")
     parser.add_argument("--title", default="CosmoFlow: validation MAE against training-set size")
@@ -321,13 +350,20 @@ def main(argv=None) -> int:
             if not directories or label in series:
                 raise UserInputError(f"--series {label}: expected a new label followed by run directories")
             series[label] = [read_run(run) for run in directories]
+        extended = {}
+        for label, *directories in args.extend:
+            if not args.earlier or not directories or label in extended:
+                raise UserInputError(f"--extend {label}: expected --earlier JSON, then a series of it once, "
+                                     "followed by run directories")
+            extended[label] = extend_series(earlier, label, directories, args.earlier)
         if not series and not earlier["networks"]:
             raise UserInputError("no networks to draw: give --series LABEL RUN_DIR... or --earlier JSON")
-        runs = [run for group in series.values() for run in group]
+        runs = [run for group in (*series.values(), *extended.values()) for run in group]
         if runs:
             check_same_data(information, runs, args.information)
         bounds = read_bounds(args.bound, information, args.information)
-        networks = {**earlier["networks"], **{label: network_curve(group) for label, group in series.items()}}
+        networks = {**earlier["networks"], **{label: network_curve(group) for label, group in extended.items()},
+                    **{label: network_curve(group) for label, group in series.items()}}
         print("validation MAE / training-mean MAE, mean +- std (networks: over seeds; ridge: over training draws)")
         for label, curve in list(networks.items()) + [(regression_label(k), c) for k, c in regressions.items()]:
             print(f"  {label}:")
@@ -340,7 +376,7 @@ def main(argv=None) -> int:
                     force=args.force)
         if args.json:
             write_json(args.json, {"networks": networks, "regressions": regressions, "bounds": bounds,
-                                   "runs": {**earlier["runs"], **series}},
+                                   "runs": {**earlier["runs"], **extended, **series}},
                        "cosmoflow.learning_curve", force=args.force)
     return 0
 

@@ -179,6 +179,18 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
     for name in ("Omega_m", "sigma_8", "n_s", "H0"):
         assert linear[name] == pytest.approx(report["fisher"][name]["best_mae"] / report["regression"][name]["baseline_mae"])
     assert "linear Fisher bound (initial field): Omega_m" in result.stdout
+    # --extend: more runs of an earlier series (here a copy of its run folder), its points recomputed over both
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    extended = tmp_path / "extended.json"
+    run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--earlier", str(first),
+                "--extend", "tiny", str(copy), "--out", str(tmp_path / "extended.png"), "--json", str(extended)])
+    grown, alone = json.loads(extended.read_text()), json.loads(first.read_text())
+    assert [run["run_dir"] for run in grown["runs"]["tiny"]] == [str(run_dir), str(copy)]
+    for name in ("Omega_m", "n_s"):
+        point, before = grown["networks"]["tiny"]["32"][name], alone["networks"]["tiny"]["32"][name]
+        assert point["runs"] == 2 and point["ratio_mean"] == pytest.approx(before["ratio_mean"])
+        assert point["ratio_std"] == pytest.approx(0, abs=1e-12)
     # refusals: a set the JSON lacks, an earlier figure of other data, nothing to draw; nothing written
     for extra, said in ((["--regressions", "power,cross"], "no learning curve of cross for --regressions; it holds"),
                         (["--earlier", str(information)], "no networks and runs; expected an earlier --json"),
@@ -197,7 +209,12 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
                         (["--json", str(tmp_path / "refused.png")], "the same file as --out"),
                         (["--json", str(tmp_path / "users.json")], "users.json: exists and was not written by this"),
                         (["--earlier", str(first), "--series", "tiny", str(run_dir)],
-                         "--series tiny: the label is a series of --earlier")):
+                         "--series tiny: the label is a series of --earlier"),
+                        (["--earlier", str(first), "--extend", "tiny", str(run_dir)],
+                         f"--extend tiny: {run_dir} is a run of that series already"),
+                        (["--earlier", str(first), "--extend", "other", str(copy)],
+                         "--extend other: not a series of --earlier"),
+                        (["--extend", "tiny", str(copy)], "--extend tiny: expected --earlier JSON")):
         series = [] if "--series" in extra else ["--series", "again", str(run_dir)]
         refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *series, *extra,
                               "--out", str(tmp_path / "refused.png")], check=False)
