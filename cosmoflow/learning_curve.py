@@ -266,15 +266,18 @@ def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict 
     """One panel per parameter: MAE / training-mean MAE against training volumes (the figure)."""
     names = [n for n in PANELS if any(n in rows for curve in networks.values() for rows in curve.values())]
     fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.6), squeeze=False)
-    colours = ["C0", "C3", "C4", "C5", "C6"]
-    series = [(label, curve, dict(color=colours[i % len(colours)], marker="o", lw=1.6))
+    colours = ["C0", "C3", "C4", "C5", "C6", "k", "teal", "goldenrod"]   # the regressions' are C1, C2, C8, C9
+    markers = ["o", "P", "X", "*"]   # a marker for each round of the colours
+    series = [(label, curve, dict(color=colours[i % len(colours)], marker=markers[i // len(colours) % len(markers)],
+                                  lw=1.6))
               for i, (label, curve) in enumerate(networks.items())]
     series += [(regression_label(key), curve, REGRESSION_STYLES[i % len(REGRESSION_STYLES)])
                for i, (key, curve) in enumerate(regressions.items())]
     for axis, name in zip(axes[0], names):
-        for label, curve, style in series:
+        for i, (label, curve, style) in enumerate(series):
             sizes = [int(n) for n in curve if name in curve[n]]
-            axis.errorbar(sizes, [curve[str(n)][name]["ratio_mean"] for n in sizes],
+            dodge = 1.03 ** (i - (len(series) - 1) / 2)   # series at one size side by side, not on top of each other
+            axis.errorbar([n * dodge for n in sizes], [curve[str(n)][name]["ratio_mean"] for n in sizes],
                           yerr=[curve[str(n)][name]["ratio_std"] for n in sizes], capsize=3, ms=4, label=label, **style)
         for i, (label, bound) in enumerate((bounds or {}).items()):
             if name in bound:
