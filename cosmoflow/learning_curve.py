@@ -237,29 +237,49 @@ def read_earlier(path, information: dict) -> dict[str, dict]:
 
 
 def extend_series(earlier: dict, label: str, directories: list[str], earlier_path) -> list[dict]:
-    """The runs of the ``--earlier`` series ``label`` followed by those in ``directories`` (each read and
-    checked as ``--series`` reads its runs); a one-line error for a label the file lacks, an earlier run that
-    lacks what a point is computed from, or a run already in the series."""
-    if label not in earlier["runs"]:
+    """The runs of the ``--earlier`` series ``label`` (each checked: what a point is computed from) followed by
+    those in ``directories`` (read as ``--series`` reads its runs); a one-line error for a label the file's
+    networks lack or a run record it cannot use."""
+    if label not in earlier["networks"]:
         raise UserInputError(f"--extend {label}: not a series of --earlier {earlier_path} (it holds "
-                             f"{', '.join(earlier['runs']) or 'none'})")
+                             f"{', '.join(earlier['networks']) or 'none'})")
     runs = []
     for number, run in enumerate(earlier["runs"][label]):
         where = f"{earlier_path}: runs.{label}[{number}]"
-        if not isinstance(run.get("train_samples"), int) or isinstance(run.get("seed"), bool) \
-                or not isinstance(run.get("seed"), int):
-            raise UserInputError(f"{where}: expected whole numbers train_samples and seed")
+        size, seed = run.get("train_samples"), run.get("seed")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 \
+                or isinstance(seed, bool) or not isinstance(seed, int):
+            raise UserInputError(f"{where}: expected train_samples a whole number of at least 1 and a whole seed, "
+                                 f"got {_shown(size)} and {_shown(seed)}")
         for key in ("mae", "ratio"):
             for name, value in _mapping(run.get(key), f"{where}.{key}").items():
-                _number(value, f"{where}.{key}.{name}", strict=False)
+                _number(value, f"{where}.{key}.{name}")
+        if set(run["mae"]) != set(run["ratio"]):
+            raise UserInputError(f"{where}: mae names {', '.join(sorted(run['mae']))}, ratio "
+                                 f"{', '.join(sorted(run['ratio']))}; expected the same parameters")
         runs.append(run)
-    known = {str(run.get("run_dir")) for run in runs}
-    for directory in directories:
-        if str(pathlib.Path(directory)) in known:
-            raise UserInputError(f"--extend {label}: {directory} is a run of that series already")
-        runs.append(read_run(directory))
-        known.add(str(pathlib.Path(directory)))
-    return runs
+    return runs + [read_run(directory) for directory in directories]
+
+
+def check_series(label: str, runs: list[dict], option: str) -> None:
+    """One series' runs: each a different training (neither the same folder, however named, nor the same seed
+    at the same size: a point would count one run twice), all with the same parameters."""
+    folders, trainings = {}, {}
+    names = set(runs[0]["ratio"])
+    for run in runs:
+        where = str(run.get("run_dir"))
+        if set(run["ratio"]) != names or set(run["mae"]) != names:
+            raise UserInputError(f"{option} {label}: {where} has the parameters {', '.join(sorted(run['ratio']))}, "
+                                 f"the series {', '.join(sorted(names))}; expected the same")
+        folder = str(pathlib.Path(where).resolve())
+        training = (run["seed"], run["train_samples"])
+        if folder in folders or training in trainings:
+            other = folders.get(folder) or trainings[training]
+            raise UserInputError(f"{option} {label}: {where} is "
+                                 + ("the run folder of " + other if folder in folders else
+                                    f"seed {training[0]} at {training[1]} volumes, as {other} is")
+                                 + "; a point would count one training twice")
+        folders[folder] = trainings[training] = where
 
 
 def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict | None = None):
@@ -353,20 +373,22 @@ def main(argv=None) -> int:
             if not directories or label in series:
                 raise UserInputError(f"--series {label}: expected a new label followed by run directories")
             series[label] = [read_run(run) for run in directories]
+            check_series(label, series[label], "--series")
         extended = {}
         for label, *directories in args.extend:
             if not args.earlier or not directories or label in extended:
                 raise UserInputError(f"--extend {label}: expected --earlier JSON, then a series of it once, "
                                      "followed by run directories")
             extended[label] = extend_series(earlier, label, directories, args.earlier)
+            check_series(label, extended[label], "--extend")
         if not series and not earlier["networks"]:
             raise UserInputError("no networks to draw: give --series LABEL RUN_DIR... or --earlier JSON")
         runs = [run for group in (*series.values(), *extended.values()) for run in group]
         if runs:
             check_same_data(information, runs, args.information)
         bounds = read_bounds(args.bound, information, args.information)
-        networks = {**earlier["networks"], **{label: network_curve(group) for label, group in extended.items()},
-                    **{label: network_curve(group) for label, group in series.items()}}
+        networks = {**earlier["networks"], **{label: check_curve(network_curve(group), f"the series {label}")
+                                              for label, group in (*extended.items(), *series.items())}}
         print("validation MAE / training-mean MAE, mean +- std (networks: over seeds; ridge: over training draws)")
         for label, curve in list(networks.items()) + [(regression_label(k), c) for k, c in regressions.items()]:
             print(f"  {label}:")

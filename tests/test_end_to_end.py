@@ -179,18 +179,44 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
     for name in ("Omega_m", "sigma_8", "n_s", "H0"):
         assert linear[name] == pytest.approx(report["fisher"][name]["best_mae"] / report["regression"][name]["baseline_mae"])
     assert "linear Fisher bound (initial field): Omega_m" in result.stdout
-    # --extend: more runs of an earlier series (here a copy of its run folder), its points recomputed over both
-    copy = tmp_path / "copy"
-    shutil.copytree(run_dir, copy)
+    # --extend: more runs of an earlier series, its points recomputed over them all (the earlier file stands for
+    # a seed-7 run whose folder is gone)
+    gone = json.loads(first.read_text())
+    gone["runs"]["tiny"][0].update(run_dir=str(tmp_path / "gone"), seed=7)
+    (tmp_path / "gone.json").write_text(json.dumps(gone))
     extended = tmp_path / "extended.json"
-    run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--earlier", str(first),
-                "--extend", "tiny", str(copy), "--out", str(tmp_path / "extended.png"), "--json", str(extended)])
+    run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--earlier",
+                str(tmp_path / "gone.json"), "--extend", "tiny", str(run_dir), "--out", str(tmp_path / "extended.png"),
+                "--json", str(extended)])
     grown, alone = json.loads(extended.read_text()), json.loads(first.read_text())
-    assert [run["run_dir"] for run in grown["runs"]["tiny"]] == [str(run_dir), str(copy)]
+    assert [run["run_dir"] for run in grown["runs"]["tiny"]] == [str(tmp_path / "gone"), str(run_dir)]
     for name in ("Omega_m", "n_s"):
         point, before = grown["networks"]["tiny"]["32"][name], alone["networks"]["tiny"]["32"][name]
-        assert point["runs"] == 2 and point["ratio_mean"] == pytest.approx(before["ratio_mean"])
-        assert point["ratio_std"] == pytest.approx(0, abs=1e-12)
+        assert point["runs"] == 2 and point["seeds"] == sorted([7, before["seeds"][0]])
+        assert point["ratio_mean"] == pytest.approx(before["ratio_mean"]) and point["ratio_std"] == pytest.approx(0)
+    # one training counted twice (its folder by another name, a copy of it: the same seed and size), an
+    # earlier run record it cannot use: one line, exit 2, nothing written
+    copy, link = tmp_path / "copy", tmp_path / "link"
+    shutil.copytree(run_dir, copy)
+    link.symlink_to(run_dir)
+    short = json.loads(first.read_text())
+    short["runs"]["tiny"][0]["ratio"].pop("H0")
+    negative = json.loads(first.read_text())
+    negative["runs"]["tiny"][0]["train_samples"] = -5
+    for name, payload in (("short.json", short), ("negative.json", negative)):
+        (tmp_path / name).write_text(json.dumps(payload))
+    for extra, said in ((["--earlier", str(first), "--extend", "tiny", str(link)], f"{link} is the run folder of"),
+                        (["--earlier", str(first), "--extend", "tiny", str(copy)], f"{copy} is seed "),
+                        (["--series", "twice", str(run_dir), str(copy)], "a point would count one training twice"),
+                        (["--earlier", str(tmp_path / "short.json"), "--extend", "tiny", str(copy)],
+                         "short.json: runs.tiny[0]: mae names H0, Omega_m, n_s, sigma_8, ratio Omega_m, n_s"),
+                        (["--earlier", str(tmp_path / "negative.json"), "--extend", "tiny", str(copy)],
+                         "negative.json: runs.tiny[0]: expected train_samples a whole number of at least 1")):
+        refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *extra,
+                              "--out", str(tmp_path / "refused.png")], check=False)
+        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, \
+            (said, refused.stderr)
+        assert not (tmp_path / "refused.png").exists()
     # refusals: a set the JSON lacks, an earlier figure of other data, nothing to draw; nothing written
     for extra, said in ((["--regressions", "power,cross"], "no learning curve of cross for --regressions; it holds"),
                         (["--earlier", str(information)], "no networks and runs; expected an earlier --json"),
@@ -211,7 +237,7 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
                         (["--earlier", str(first), "--series", "tiny", str(run_dir)],
                          "--series tiny: the label is a series of --earlier"),
                         (["--earlier", str(first), "--extend", "tiny", str(run_dir)],
-                         f"--extend tiny: {run_dir} is a run of that series already"),
+                         f"--extend tiny: {run_dir} is the run folder of {run_dir}"),
                         (["--earlier", str(first), "--extend", "other", str(copy)],
                          "--extend other: not a series of --earlier"),
                         (["--extend", "tiny", str(copy)], "--extend tiny: expected --earlier JSON")):
