@@ -37,7 +37,7 @@ def require_run(run_dir: pathlib.Path) -> None:
         count = outputs.recorded_instances(found[1])
         raise UserInputError(f"{run_dir}: holds a job of {count or 'several'} instances, each a run of its own: "
                              f"evaluate one with --run-dir {run_dir / 'instance-0'} (up to instance-{(count or 2) - 1})")
-    outputs.refuse_if_locked(run_dir)   # a training in progress: "in use", not "model.keras not found"
+    outputs.refuse_if_locked(run_dir, option=None)   # a training in progress: "in use", not "model.keras not found"
     for required in ("config.yaml", "model.keras"):
         if not (run_dir / required).is_file():
             raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
@@ -89,8 +89,14 @@ class EvaluationWriter:
         self._lock = None
         if outputs.read_run_marker(self.run_dir) is not None:
             self._lock = outputs.RunDirLock(self.run_dir, tool, option=None).acquire()   # the run it evaluates
+        self._swept = False
+
+    def _sweep(self) -> None:
+        """Before the first write (after every check): the temporaries of killed writes of the run removed."""
+        if not self._swept and self._lock is not None:
             for killed in outputs.remove_killed_writes(self.run_dir):
-                print(f"{tool}: removed {killed}, left by a write that was killed", file=sys.stderr, flush=True)
+                print(f"{self.tool}: removed {killed}, left by a write that was killed", file=sys.stderr, flush=True)
+        self._swept = True
 
     def __enter__(self) -> "EvaluationWriter":
         return self
@@ -101,13 +107,16 @@ class EvaluationWriter:
             self._lock = None
 
     def json(self, name: str, payload: dict) -> None:
+        self._sweep()
         outputs.write_json(self.run_dir / name, payload, self.tool, self.force)
 
     def npz(self, name: str, **arrays) -> None:
+        self._sweep()
         outputs.save_npz(self.run_dir / name, self.tool, self.force, **arrays)
 
     def figure(self, figure, name: str, dpi: int = 110) -> None:
         try:
+            self._sweep()
             outputs.save_figure(figure, self.run_dir / name, self.tool, self.force, dpi=dpi)
         finally:
             plt.close(figure)

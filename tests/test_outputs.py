@@ -285,32 +285,47 @@ def test_a_process_leaves_nothing_in_the_temporary_folder_even_when_killed(tmp_p
 # -- the temporary file of a killed write --------------------------------------------------------------------------
 
 KILLED_MID_WRITE = """
-import os, signal, sys
+import os, signal, sys, time
 from common.storage.outputs import atomic_path
 with atomic_path(sys.argv[1]) as temporary:
     open(temporary, "w").write('{"half')
-    os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    print(temporary, flush=True)
+    sys.stdin.readline()   # alive mid-write until told to go on
 """
 
 
 def test_a_killed_writes_temporary_file_is_removed_by_the_next_holder_of_the_lock_and_nothing_else(tmp_path):
     """SIGKILL inside an atomic write leaves its hidden temporary file beside the real one (nothing runs in the
     process); the next command that takes the folder's lock (predict's --out, evaluate's or train's run folder)
-    removes it.  Look-alikes are left: a name the marker does not list, a folder, a link, the user's own file."""
+    removes it.  Left alone: a live writer's (one that takes no lock, as cosmoflow.information --json into a
+    run folder; it then finishes its write), one written on another host, a name the marker does not list, a
+    folder, a link, the user's own file of a look-alike name."""
+    import subprocess
+    import sys
+
     from common.storage import outputs
+    from conftest import REPO, python_env
 
     folder = tmp_path / "out"
     folder.mkdir()
-    outputs.mark_run_dir(folder, "cosmoflow", files=["metrics.json"], kind="predictions", tool="test")
+    outputs.mark_run_dir(folder, "cosmoflow", files=["metrics.json", "curve.json"], kind="predictions", tool="test")
     outputs.write_json(folder / "metrics.json", {"whole": True}, "test")
-    killed = run_python(["-c", KILLED_MID_WRITE, str(folder / "metrics.json")], check=False)
+    killed = run_python(["-c", KILLED_MID_WRITE, str(folder / "metrics.json"), "kill"], check=False)
     assert killed.returncode == -9, killed.stderr[-2000:]
     (left,) = [path for path in folder.iterdir() if path.name.startswith(".metrics.json.")]
-    assert left.read_text() == '{"half'
-    (folder / ".notes.txt.abcdefgh.partial").write_text("mine")      # not a name the marker lists
-    (folder / ".metrics.json.zzzzzzzz.partial").mkdir()              # a folder
-    (folder / ".metrics.json.yyyyyyyy.partial").symlink_to(tmp_path)  # a link
-    (folder / ".metrics.json.partial").write_text("mine")            # not mkstemp's name
+    assert left.read_text() == '{"half' and outputs.KILLED_WRITE.fullmatch(left.name)
+    alive = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(folder / "curve.json"), "wait"], cwd=REPO,
+                             env=python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    writing = pathlib.Path(alive.stdout.readline().strip())
+    assert writing.parent == folder and writing.is_file()
+    elsewhere = "0" * 8 if outputs.host_tag() != "0" * 8 else "1" * 8
+    (folder / f".metrics.json.{elsewhere}_1_abcdefgh.partial").write_text("another host's")
+    (folder / ".notes.txt.abcdefgh.partial").write_text("mine")              # not a name the marker lists
+    (folder / ".metrics.json.20261206.partial").write_text("mine")           # the user's, of a look-alike name
+    (folder / f".metrics.json.{outputs.host_tag()}_1_zzzzzzzz.partial").mkdir()   # a folder
+    (folder / f".metrics.json.{outputs.host_tag()}_1_yyyyyyyy.partial").symlink_to(tmp_path)   # a link
     lock = outputs.RunDirLock(folder, "test").acquire()
     before = {path.name for path in folder.iterdir()}
     try:
@@ -319,6 +334,8 @@ def test_a_killed_writes_temporary_file_is_removed_by_the_next_holder_of_the_loc
         lock.release()
     assert {path.name for path in folder.iterdir()} == before - {left.name}
     assert json.loads((folder / "metrics.json").read_text())["whole"] is True
+    alive.communicate("go on\n", timeout=60)
+    assert alive.returncode == 0 and (folder / "curve.json").read_text() == '{"half' and not writing.exists()
     assert outputs.remove_killed_writes(tmp_path) == []   # a folder without the suite's marker: nothing
 
 

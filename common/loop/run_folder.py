@@ -122,9 +122,9 @@ class RunFolder:
             log.warning(self._lock.warning)
         for stale in checkpoint.remove_stale_temporaries(self.checkpoints):
             log.warning(f"removed {stale.name}, left by a checkpoint write that was killed")
+        latest = self.check(kind)   # again, under the lock: what another process did meanwhile counts
         for stale in outputs.remove_killed_writes(path):
             log.warning(f"removed {stale.name}, left by a write that was killed")
-        latest = self.check(kind)   # again, under the lock: what another process did meanwhile counts
         names, mlperf_path = run_file_names(self.app, self.cfg, path)
         return Claim(latest, latest is not None and not self.resume, names, mlperf_path, kind)
 

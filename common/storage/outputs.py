@@ -31,6 +31,7 @@ import contextlib
 import datetime
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -229,7 +230,7 @@ def atomic_path(path, force: bool = False, how: str = "pass --force to replace i
     if not path.parent.is_dir():
         raise UserInputError(f"{path.parent}: folder not found (to write {path.name} into)")
     try:
-        descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+        descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.{writer_tag()}_", suffix=suffix, dir=path.parent)
     except OSError as exc:
         raise UserInputError(f"{path}: cannot be written ({exc.strerror})") from None
     os.close(descriptor)
@@ -246,24 +247,49 @@ def atomic_path(path, force: bool = False, how: str = "pass --force to replace i
         temporary.unlink(missing_ok=True)   # created by this call; gone already after a successful replace
 
 
-# The name atomic_path gives its temporary file: "." + the destination's name + "." + mkstemp's 8 random
-# characters + the suffix one of the suite's writers asks for.
-KILLED_WRITE = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}(?:\.partial(?:\.nc)?|\.keras|\.png|\.npz|\.sha256)")
+# The name atomic_path gives its temporary file: "." + the destination's name + "." + the writer's host (8 hex
+# digits of a hash of its name) and process id + "_" + mkstemp's 8 random characters + the suffix one of the
+# suite's writers asks for.
+KILLED_WRITE = re.compile(r"\.(?P<name>.+)\.(?P<host>[0-9a-f]{8})_(?P<pid>[0-9]+)_[a-z0-9_]{8}"
+                          r"(?:\.partial(?:\.nc)?|\.keras|\.png|\.npz|\.sha256)")
+
+
+def host_tag() -> str:
+    """8 hex digits naming this host in a temporary file's name."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def writer_tag() -> str:
+    """``<host>_<pid>``: who writes a temporary file (:data:`KILLED_WRITE`)."""
+    return f"{host_tag()}_{os.getpid()}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of that id runs on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def remove_killed_writes(folder) -> list[pathlib.Path]:
     """Remove the temporary files :func:`atomic_path` left in ``folder`` when its process was killed mid-write
-    (a rename never came): those of a name the folder's marker lists as the suite's, or of the marker itself;
-    regular files only.  Call only while holding the folder's :class:`RunDirLock`: no writer of it is alive."""
+    (a rename never came): those of a name the folder's marker lists as the suite's (or of the marker itself),
+    written on this host by a process that no longer runs; regular files only.  A writer on another host, or
+    one whose process id is in use again, is left alone: it may be alive."""
     folder = pathlib.Path(folder)
     record = read_run_marker(folder)
     if record is None:
         return []
-    ours = {RUN_MARKER.lstrip("."), *map(str, record["files"])}
+    ours, here = {RUN_MARKER.lstrip("."), *map(str, record["files"])}, host_tag()
     removed = []
     for path in sorted(folder.iterdir()):
         match = KILLED_WRITE.fullmatch(path.name)
-        if match and match["name"] in ours and path.is_file() and not path.is_symlink():
+        if match and match["name"] in ours and match["host"] == here and not process_alive(int(match["pid"])) \
+                and path.is_file() and not path.is_symlink():
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
@@ -638,7 +664,7 @@ def in_use(run_dir, holder: bytes, option: str | None = "--output-dir") -> UserI
                           "to end" + (f", or choose another {option}" if option else ""))
 
 
-def refuse_if_locked(run_dir) -> None:
+def refuse_if_locked(run_dir, option: str | None = "--output-dir") -> None:
     """The :class:`RunDirLock` refusal, read without taking the lock (Linux's /proc/locks lists who holds a
     flock), so that a command can answer before its start-up.  Silent where that cannot be known here (no
     /proc/locks, a file system that lists its locks under other device numbers than stat gives): the lock
@@ -660,7 +686,7 @@ def refuse_if_locked(run_dir) -> None:
                 holder = path.read_bytes()[:4096]
             except OSError:
                 holder = b""
-            raise in_use(run_dir, holder)
+            raise in_use(run_dir, holder, option)
 
 
 class RunDirLock:
