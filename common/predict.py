@@ -114,14 +114,16 @@ def output_names(predictor: Predictor, cfg, inputs: list[Input]) -> dict[pathlib
     return names
 
 
-def check_output_folder(out: pathlib.Path, names, force: bool) -> None:
+def check_output_folder(out: pathlib.Path, names, force: bool, held: bool = False) -> None:
     """``out`` and every name to be written there, checked (reading only): absent, an empty folder, or a folder
-    of predict's own; each name absent, the suite's, or ``--force``."""
+    of predict's own; each name absent, the suite's, or ``--force``.  ``held``: this command holds the folder's
+    lock (its lock file does not make a new folder one of the user's)."""
     if out.is_symlink() and not out.exists():
         raise UserInputError(f"{out}: --out is a link to {os.readlink(out)}, which does not exist")
     if out.exists() and not out.is_dir():
         raise UserInputError(f"{out}: --out is a file, not a folder")
-    if out.is_dir() and outputs.run_kind(out) is None and not outputs.is_empty_folder(out):
+    if out.is_dir() and outputs.run_kind(out) is None \
+            and any(entry.name != outputs.RUN_LOCK or not held for entry in out.iterdir()):
         raise UserInputError(f"{out}: holds files this suite did not write ({outputs.folder_summary(out)}); "
                              "predict into a new or empty folder")
     outputs.check_run_kind(out, "predictions", resume=False)
@@ -153,13 +155,33 @@ class Claim:
 
 
 def claim_output_folder(out: pathlib.Path, app: str, tool: str, names, force: bool) -> Claim:
-    """The checks again (:func:`check_output_folder`), then ``out`` marked as a predictions folder listing every
-    name to be written (so each rank's writes are the suite's, and the marker is written once, not by every
-    rank) and locked (held until the command ends)."""
+    """The checks again (:func:`check_output_folder`), ``out`` locked (held until the command ends) and checked
+    once more under the lock, then marked as a predictions folder listing every name to be written (so each
+    rank's writes are the suite's, and the marker is written once, not by every rank); a refusal up to the
+    marking leaves the folder as it was (a folder held by another command: its marker's list untouched)."""
     check_output_folder(out, names, force)
-    created_folder, created_marker = not out.exists(), outputs.read_run_marker(out) is None
+    created_folder = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(f"{out}: --out cannot be created ({exc.strerror})") from None
+    lock_file_existed, lock = (out / outputs.RUN_LOCK).exists(), None
+    try:
+        lock = outputs.RunDirLock(out, tool, option="--out").acquire()
+        check_output_folder(out, names, force, held=True)   # again, under the lock: what another did meanwhile
+    except BaseException:
+        if lock is not None:
+            if not lock_file_existed:
+                (out / outputs.RUN_LOCK).unlink(missing_ok=True)   # ours, still locked by us
+            lock.release()
+        if created_folder:
+            with contextlib.suppress(OSError):
+                out.rmdir()   # only when empty
+        raise
+    # Marked only now: a refused claim (another command holds the folder) leaves the marker's list as it was.
+    created_marker = outputs.read_run_marker(out) is None
     outputs.mark_run_dir(out, app, files=[*names, INDEX], kind="predictions", tool=tool)
-    claim = Claim(out, outputs.RunDirLock(out, tool, option="--out").acquire(), created_folder, created_marker)
+    claim = Claim(out, lock, created_folder, created_marker)
     for killed in outputs.remove_killed_writes(out):
         print(f"{tool}: removed {killed}, left by a write that was killed", file=sys.stderr, flush=True)
     return claim

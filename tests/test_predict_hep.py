@@ -258,3 +258,28 @@ def test_a_file_that_fails_while_read_is_one_line_and_leaves_no_output(trained, 
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1 and str(nan) in errors[0], result.stderr[-3000:]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_another_command_holds_is_refused_and_its_marker_left_as_it_was(trained, tmp_path):
+    """The claim takes --out's lock before it marks the folder: a predict refused because another command holds
+    the folder leaves the marker's list as it was, so a file the user then puts under a name that predict would
+    have written stays the user's (refused, not replaced, by the next predict)."""
+    from common.storage import outputs
+
+    run, source = trained["run"], sorted(trained["data"].glob("test_*.h5"))[0]
+    out, second = tmp_path / "out", tmp_path / "second.h5"
+    predict(run, [source], out, "--threshold", "0.5")
+    shutil.copy(source, second)
+    marker = (out / outputs.RUN_MARKER).read_bytes()
+    lock = outputs.RunDirLock(out, "test").acquire()
+    try:
+        held = predict(run, [second], out, "--threshold", "0.5", check=False)
+    finally:
+        lock.release()
+    lines = held.stderr.strip().splitlines()
+    assert held.returncode == 2 and len(lines) == 1 and f"{out}: in use by" in lines[0], held.stderr[-2000:]
+    assert (out / outputs.RUN_MARKER).read_bytes() == marker
+    (out / "second.scores.h5").write_text("the user's own file\n")
+    refused = predict(run, [second], out, "--threshold", "0.5", check=False)
+    assert refused.returncode == 2 and "second.scores.h5: exists and was not written by this suite" in refused.stderr
+    assert (out / "second.scores.h5").read_text() == "the user's own file\n"
