@@ -329,7 +329,7 @@ def run_predict(package: str, argv=None, description: str = "") -> int:
     parser.add_argument("--out", required=True, help="the folder to write into: new, empty, or one of predict's own")
     parser.add_argument("--force", action="store_true",
                         help="replace files of the names it writes that this suite did not write")
-    options_of = {}   # option -> (the application that declares it, its dest)
+    options_of = {}   # option -> (the application that declares it, its dest, its default)
     for application in registry.applications(package):
         prediction = application.prediction
         if prediction is not None and prediction.add_options is not None:
