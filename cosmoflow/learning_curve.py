@@ -48,7 +48,8 @@ REGRESSIONS = {"power": "ridge on log P(k)", "power+pdf": "ridge on log P(k) + o
                "power+log_power+cross+one_point": "ridge on all the summaries"}
 REGRESSION_STYLES = [dict(color="C1", marker="s", ls="--"), dict(color="C2", marker="^", ls=":"),
                      dict(color="C8", marker="v", ls="-."), dict(color="C9", marker="D", ls="--")]
-BOUND_STYLES = [dict(color="0.35", ls=(0, (4, 2)), lw=1.1), dict(color="0.6", ls=(0, (1, 1.5)), lw=1.1)]
+BOUND_STYLES = [dict(color="0.35", ls=(0, (4, 2)), lw=1.1), dict(color="0.6", ls=(0, (1, 1.5)), lw=1.1),
+                dict(color="0.1", ls=(0, (6, 1.5, 1, 1.5)), lw=1.1)]
 
 
 def regression_label(name: str) -> str:
@@ -365,6 +366,10 @@ def main(argv=None) -> int:
         information = _read_json(pathlib.Path(args.information), "the JSON of python -m cosmoflow.information")
         regressions = select_regressions(information, args.regressions, args.information)
         earlier = read_earlier(args.earlier, information) if args.earlier else {"networks": {}, "runs": {}}
+        for label, *_ in (*args.series, *args.extend):
+            if not label.isprintable() or not label.strip():
+                raise UserInputError(f"--series/--extend {label!r}: expected a label of printable characters "
+                                     "on one line (it names the series in the legend and in --json)")
         series = {}
         for label, *directories in args.series:
             if label in earlier["networks"]:

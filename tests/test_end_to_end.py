@@ -240,7 +240,9 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
                          f"--extend tiny: {run_dir} is the run folder of {run_dir}"),
                         (["--earlier", str(first), "--extend", "other", str(copy)],
                          "--extend other: not a series of --earlier"),
-                        (["--extend", "tiny", str(copy)], "--extend tiny: expected --earlier JSON")):
+                        (["--extend", "tiny", str(copy)], "--extend tiny: expected --earlier JSON"),
+                        (["--series", "two\nlines", str(run_dir)], "--series/--extend 'two\\nlines': expected a label of "
+                                                                   "printable characters")):
         series = [] if "--series" in extra else ["--series", "again", str(run_dir)]
         refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *series, *extra,
                               "--out", str(tmp_path / "refused.png")], check=False)
