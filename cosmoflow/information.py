@@ -7,8 +7,11 @@ Three estimates, for a config's volumes:
   box up to ``k_max`` (default: the grid's Nyquist), shot noise of the
   particle lattice.  F_ij = sum_k N_k / 2 (dP/di)(dP/dj) / (P + noise)^2;
   the marginalised errors are sqrt(diag F^-1).  Errors are turned into the
-  validation MAE of the best estimator in the normalised targets (uniform prior
-  over the configured range, :func:`posterior_mean_mae`), comparable with a
+  validation MAE of the best estimator in the normalised targets (the posterior
+  mean under the uniform prior of every free parameter's configured range at
+  once, the likelihood Gaussian with covariance F^-1: :func:`box_posterior_mae`;
+  each range alone, the others unbounded: :func:`posterior_mean_mae`, JSON
+  ``best_mae_alone``), comparable with a
   trained network's MAE and the training-mean baseline (0.5 for a uniform
   target).  ``--known Omega_m`` fixes a parameter (the four redshifts carry
   the growth factor, which depends on Omega_m alone in flat LCDM).  The
@@ -44,6 +47,8 @@ Three estimates, for a config's volumes:
     python -m cosmoflow.information --config configs/cosmoflow/science.yaml --bins 12 --features all
     python -m cosmoflow.information --config configs/cosmoflow/science.yaml --bins 4 --features all \
         --summary-fisher --fisher-mocks 512
+    python -m cosmoflow.information --config configs/cosmoflow/science.yaml --bins 4 --features all \
+        --summary-fisher --fisher-mocks 512 --fisher-matrix earlier.json --json again.json   # its bounds, no mocks
     python -m cosmoflow.information --config configs/cosmoflow/demo.yaml --fisher-only --known Omega_m
 """
 
@@ -133,16 +138,62 @@ def posterior_mean_mae(sigma: float, samples: int = 200_000, seed: int = 0) -> f
     return float(np.mean(np.abs(estimate - truth)))
 
 
+def box_posterior_mae(covariance: np.ndarray, truths: int = 10_000, draws: int = 200, seed: int = 0) -> np.ndarray:
+    """Per parameter, the MAE of the posterior mean of t ~ U[-1, 1]^d (the box the training and validation
+    volumes fill) observed as t + N(0, ``covariance``): the best validation MAE a Gaussian measurement with
+    that covariance gives in the normalised targets, every parameter's range used at once.
+
+    The range of a parameter that is measured poorly (H0) cuts the degenerate directions of the others: on
+    n_s it can matter more than the parameter's own range, which :func:`posterior_mean_mae` alone uses.  Each
+    posterior (the Gaussian around the observation, truncated to the box) is sampled by the
+    Geweke-Hajivassiliou-Keane recursion: coordinate by coordinate along the Cholesky factor, each drawn
+    within the box given the ones before, weighted by the product of those probabilities; every sample lies
+    in the box, so no regime of a wide or a narrow likelihood lacks samples.  Monte Carlo error about 1 %."""
+    from scipy.special import ndtr, ndtri   # deferred, as in posterior_mean_mae
+
+    covariance = np.asarray(covariance, dtype=np.float64)
+    d = covariance.shape[0]
+    root = np.linalg.cholesky(covariance)
+    rng = np.random.default_rng(seed)
+    errors = np.zeros(d)
+    for start in range(0, truths, 1000):
+        chunk = min(1000, truths - start)
+        truth = rng.uniform(-1.0, 1.0, (chunk, d))
+        observed = truth + rng.standard_normal((chunk, d)) @ root.T
+        normal = np.zeros((chunk, draws, d))     # the standard normals, theta = observed + root @ normal
+        log_weight = np.zeros((chunk, draws))
+        for i in range(d):
+            centre = observed[:, i, None] + normal[:, :, :i] @ root[i, :i]
+            low, high = (-1.0 - centre) / root[i, i], (1.0 - centre) / root[i, i]
+            upper = low > 0                      # both bounds in the upper tail: draw in the mirrored lower one
+            a, b = np.where(upper, ndtr(-high), ndtr(low)), np.where(upper, ndtr(-low), ndtr(high))
+            mass = b - a
+            u = np.clip(a + rng.uniform(size=mass.shape) * mass, 1e-300, 1.0 - 1e-16)
+            value = np.where(upper, -ndtri(u), ndtri(u))
+            normal[:, :, i] = np.clip(value, low, high)
+            log_weight += np.log(np.maximum(mass, 1e-300))
+        weight = np.exp(log_weight - log_weight.max(axis=1, keepdims=True))
+        points = observed[:, None, :] + normal @ root.T
+        estimate = np.einsum("tn,tni->ti", weight, np.clip(points, -1.0, 1.0)) / weight.sum(axis=1)[:, None]
+        errors += np.abs(estimate - truth).sum(axis=0)
+    return errors / truths
+
+
 def bound_rows(fisher: np.ndarray, mock, known: tuple[str, ...] = ()) -> dict:
-    """Per free target: the marginal error of ``fisher`` (physical and normalised to the [-1, 1] targets) and
-    the best MAE it allows (:func:`posterior_mean_mae`)."""
+    """Per free target: the marginal error of ``fisher`` (physical and normalised to the [-1, 1] targets), the
+    best MAE it allows with every free parameter's range as the prior (:func:`box_posterior_mae`, ``best_mae``)
+    and with the target's range alone, the others unbounded (:func:`posterior_mean_mae`, ``best_mae_alone``)."""
     errors = marginal_errors(fisher, known)
+    free = [i for i, name in enumerate(TARGET_NAMES) if name not in known]
+    ranges = np.array(parameter_ranges(mock), dtype=np.float64)[free]
+    scale = 2.0 / (ranges[:, 1] - ranges[:, 0])
+    best = box_posterior_mae(np.linalg.inv(fisher[np.ix_(free, free)]) * np.outer(scale, scale))
     out = {}
-    for name, (lo, hi) in zip(TARGET_NAMES, parameter_ranges(mock)):
-        if name in errors:
-            normalised = 2.0 * errors[name] / (hi - lo)
-            out[name] = {"sigma": errors[name], "sigma_normalised": normalised,
-                         "best_mae": posterior_mean_mae(normalised)}
+    for j, i in enumerate(free):
+        name = TARGET_NAMES[i]
+        normalised = errors[name] * scale[j]
+        out[name] = {"sigma": errors[name], "sigma_normalised": normalised, "best_mae": float(best[j]),
+                     "best_mae_alone": posterior_mean_mae(normalised)}
     return out
 
 
@@ -399,22 +450,83 @@ def regression_report(cfg, args, parts: tuple[str, ...], report: dict) -> None:
                     f"{name} {row['ratio_mean']:.3f} +- {row['ratio_std']:.3f}" for name, row in by_target.items()))
 
 
-def summary_fisher_report(cfg, args, parts: tuple[str, ...], report: dict) -> None:
-    """The summary Fisher bound beside the linear one, into ``report`` (``main`` has checked --fisher-mocks)."""
-    result = summary_fisher(cfg, args.fisher_mocks, args.bins, parts)
+def stored_summary_fisher(path, cfg, args, parts: tuple[str, ...]) -> dict:
+    """The ``summary_fisher`` of an earlier ``--json`` of this tool (``--fisher-matrix``), checked to be of the
+    same volumes, bins, summaries, held-fixed parameters and mocks; a :class:`ConfigError` naming the file
+    and the key otherwise (its bounds are computed again from the matrix, not taken from the file)."""
+    import json
+
+    path = pathlib.Path(path)
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--fisher-matrix {path}: not found") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"--fisher-matrix {path}: not readable as JSON ({exc})") from None
+    stored = report.get("summary_fisher") if isinstance(report, dict) else None
+    if not isinstance(stored, dict):
+        raise ConfigError(f"--fisher-matrix {path}: no summary_fisher; expected a --json of python -m "
+                          "cosmoflow.information --summary-fisher")
+    expected = {"grid": cfg.data.sample_shape[0], "box_size_mpc_h": cfg.data.mock.box_size_mpc_h,
+                "bins": args.bins, "known": list(args.known)}
+    for key, value in expected.items():
+        if report.get(key) != value:
+            raise ConfigError(f"--fisher-matrix {path}: {key} is {report.get(key)!r}, this command's {value!r}; "
+                              "expected the matrix of the same volumes and options")
+    for key, value in (("features", set_name(parts)), ("mocks_per_point", args.fisher_mocks)):
+        if stored.get(key) != value:
+            raise ConfigError(f"--fisher-matrix {path}: summary_fisher.{key} is {stored.get(key)!r}, this "
+                              f"command's {value!r}; expected the matrix of the same summaries and mocks")
+    try:
+        matrix = np.array(stored.get("matrix"), dtype=np.float64)
+    except (TypeError, ValueError):
+        matrix = np.zeros(0)
+    if matrix.shape != (4, 4) or not np.all(np.isfinite(matrix)) or not np.allclose(matrix, matrix.T, rtol=1e-6) \
+            or np.any(np.linalg.eigvalsh(matrix) <= 0):
+        raise ConfigError(f"--fisher-matrix {path}: summary_fisher.matrix is not a finite, symmetric, positive "
+                          f"definite 4 x 4 matrix")
+    half = {}
+    for name in TARGET_NAMES:
+        if name not in args.known:
+            value = (stored.get("parameters") or {}).get(name, {}).get("sigma_half_seeds") \
+                if isinstance(stored.get("parameters"), dict) else None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+                raise ConfigError(f"--fisher-matrix {path}: summary_fisher.parameters.{name}.sigma_half_seeds is "
+                                  f"{value!r}; expected a finite number above 0")
+            half[name] = float(value)
+    hartlap, used, dropped, steps = (stored.get(key) for key in ("hartlap", "summaries_used", "summaries_dropped",
+                                                                  "steps"))
+    if isinstance(hartlap, bool) or not isinstance(hartlap, (int, float)) or not 0 < hartlap <= 1 \
+            or type(used) is not int or used < 1 or type(dropped) is not int or dropped < 0 \
+            or not isinstance(steps, dict) or sorted(steps) != sorted(TARGET_NAMES):
+        raise ConfigError(f"--fisher-matrix {path}: summary_fisher's hartlap, summaries_used, summaries_dropped "
+                          "or steps are not those of a --summary-fisher report")
+    return {"fisher": matrix, "half": half, "from": str(path), "steps": steps, "summaries_used": used,
+            "summaries_dropped": dropped, "hartlap": float(hartlap)}
+
+
+def summary_fisher_report(cfg, args, parts: tuple[str, ...], report: dict, stored: dict | None = None) -> None:
+    """The summary Fisher bound beside the linear one, into ``report`` (``main`` has checked --fisher-mocks);
+    from the mocks, or from ``stored`` (:func:`stored_summary_fisher`)."""
+    if stored is None:
+        result = summary_fisher(cfg, args.fisher_mocks, args.bins, parts)
+        half = marginal_errors(result["fisher_half_seeds"], tuple(args.known))
+    else:
+        result, half = stored, stored["half"]
     rows = bound_rows(result["fisher"], cfg.data.mock, tuple(args.known))
-    half = marginal_errors(result["fisher_half_seeds"], tuple(args.known))
     for name, row in rows.items():
         row["sigma_half_seeds"] = half[name]
     report["summary_fisher"] = {
         "features": set_name(parts), "mocks_per_point": args.fisher_mocks, "steps": result["steps"],
         "covariance": "fiducial mocks, other seeds' phases", "summaries_used": result["summaries_used"],
         "summaries_dropped": result["summaries_dropped"], "hartlap": result["hartlap"],
-        "matrix": result["fisher"].tolist(), "parameters": rows}
+        "matrix": np.asarray(result["fisher"]).tolist(), "parameters": rows}
+    if stored is not None:
+        report["summary_fisher"]["matrix_from"] = stored["from"]
     print(f"summary Fisher bound ({set_label(parts)}, {result['summaries_used']} numbers, {args.bins} k bins; "
           f"{args.fisher_mocks} seeds x 9 mocks, Hartlap factor {result['hartlap']:.2f}"
           + (f", {result['summaries_dropped']} constant summaries dropped" if result["summaries_dropped"] else "")
-          + "):")
+          + (f"; the matrix of {stored['from']}" if stored is not None else "") + "):")
     for name, row in rows.items():
         linear = report["fisher"][name]["best_mae"]
         print(f"  {name:<8} sigma {row['sigma']:.4g} ({row['sigma_normalised']:.3f} normalised; "
@@ -441,6 +553,9 @@ def main(argv=None) -> int:
                              "(skips the regression; needs no data)")
     parser.add_argument("--fisher-mocks", type=int, default=256,
                         help="summary Fisher: seeds (each 9 mocks); more than the summaries' count + 2")
+    parser.add_argument("--fisher-matrix", metavar="JSON",
+                        help="summary Fisher: the matrix of an earlier --json of --summary-fisher with the same "
+                             "options, its bounds computed again (no mocks)")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
 
@@ -451,6 +566,9 @@ def main(argv=None) -> int:
             raise ConfigError(f"--bins: expected at least 1 k bin per redshift channel, got {args.bins}")
         if args.summary_fisher and args.fisher_mocks < 2:
             raise ConfigError(f"--fisher-mocks: expected at least 2, got {args.fisher_mocks}")
+        if args.fisher_matrix and not args.summary_fisher:
+            raise ConfigError("--fisher-matrix: expected with --summary-fisher (it replaces that bound's mocks)")
+        stored = stored_summary_fisher(args.fisher_matrix, cfg, args, parts) if args.fisher_matrix else None
         if args.json:   # checked before the work, not after it: a name this suite may write, in a folder it can
             check_output_file(args.json, "--json", how="name another --json file")
         mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
@@ -463,7 +581,7 @@ def main(argv=None) -> int:
             print(f"  {name:<8} sigma {row['sigma']:.4g} ({row['sigma_normalised']:.3f} normalised): "
                   f"best MAE {row['best_mae']:.3f} (training mean: 0.5)")
         if args.summary_fisher:
-            summary_fisher_report(cfg, args, parts, report)
+            summary_fisher_report(cfg, args, parts, report, stored)
         elif not args.fisher_only:
             regression_report(cfg, args, parts, report)
         if args.json:

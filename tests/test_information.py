@@ -13,7 +13,7 @@ from common.errors import ConfigError
 from cosmoflow.information import (PENALTIES, fiducial, fisher_from_summaries, learning_curve,
                                    linear_fisher, marginal_errors, mode_counts, one_point_features, parse_features,
                                    parse_sizes, posterior_mean_mae, spectrum_features, spectrum_regression,
-                                   summary_fisher)
+                                   summary_fisher, box_posterior_mae)
 from cosmoflow.summaries import PDF_EDGES
 from tests.conftest import run_python
 
@@ -49,6 +49,33 @@ def test_sigma_8_information_is_two_over_sigma_8_per_half_mode():
     bigger = marginal_errors(linear_fisher(MockSection(box_size_mpc_h=400.0, particles_per_voxel_side=64), 32))
     assert all(bigger[name] < free[name] for name in free)
 
+
+
+def test_box_posterior_mae_against_quadrature_and_the_one_parameter_formula():
+    # Independent parameters: the box posterior factorises, each MAE is the one-parameter one.  Correlated ones
+    # (n_s-like: tight but degenerate with a poorly measured parameter): a grid over truth and observation,
+    # the posterior mean by summation.  The sampler's error: 10,000 truths give a standard error of about
+    # 0.6 x MAE / 100 = 0.6 %, and 200 weighted draws a truth add under 0.5 % of bias: 3 % is 4 such errors.
+    sigmas = np.array([0.05, 0.5, 3.0])
+    np.testing.assert_allclose(box_posterior_mae(np.diag(sigmas ** 2)),
+                               [posterior_mean_mae(sigma) for sigma in sigmas], rtol=0.03)
+    s, rho = np.array([0.2, 0.8]), -0.9
+    covariance = np.array([[s[0] ** 2, rho * s[0] * s[1]], [rho * s[0] * s[1], s[1] ** 2]])
+    axis = np.linspace(-1, 1, 61)
+    truth = np.stack(np.meshgrid(axis, axis, indexing="ij"), -1).reshape(-1, 2)
+    observed = np.stack(np.meshgrid(np.linspace(-2, 2, 101), np.linspace(-5, 5, 141), indexing="ij"),
+                        -1).reshape(-1, 2)
+    precision, total, mass = np.linalg.inv(covariance), np.zeros(2), 0.0
+    for chunk in np.array_split(observed, 20):
+        offset = chunk[:, None, :] - truth[None, :, :]
+        likelihood = np.exp(-0.5 * np.einsum("oti,ij,otj->ot", offset, precision, offset))
+        mean = likelihood @ truth / likelihood.sum(axis=1)[:, None]
+        total += np.einsum("ot,oti->i", likelihood, np.abs(mean[:, None, :] - truth[None, :, :]))
+        mass += likelihood.sum()
+    reference = total / mass
+    np.testing.assert_allclose(box_posterior_mae(covariance), reference, rtol=0.03)
+    # the second parameter's range tightens the first well below its range alone (0.143)
+    assert reference[0] < 0.8 * posterior_mean_mae(s[0])
 
 @pytest.mark.parametrize("sigma", [0.1, 0.5, 2.0])
 def test_posterior_mean_mae_against_quadrature(sigma):
@@ -273,3 +300,36 @@ def test_bad_json_and_fisher_mocks_are_refused_before_any_work(tmp_path):
         assert [line for line in result.stderr.splitlines() if line.startswith("error:")] \
             == result.stderr.strip().splitlines()[-1:], result.stderr
     assert users.read_text() == '{"mine": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["folder", "user.json"]
+
+
+def test_a_stored_summary_fisher_matrix_gives_its_bounds_again_and_a_foreign_one_is_refused(tmp_path):
+    """--fisher-matrix: the bounds of an earlier --summary-fisher JSON from its matrix, no mocks; a file of other
+    options or a broken matrix: one line naming the file and key, exit 2, nothing written."""
+    base = ["-m", "cosmoflow.information", "--config", "configs/cosmoflow/demo.yaml", "--set",
+            "data.sample_shape=[16,16,16,4]", "--set", "data.mock.box_size_mpc_h=128", "--set",
+            f"data.data_dir={tmp_path / 'data'}", "--summary-fisher", "--features", "power", "--bins", "3",
+            "--fisher-mocks", "20"]
+    first, again = tmp_path / "first.json", tmp_path / "again.json"
+    run_python([*base, "--json", str(first)])
+    result = run_python([*base, "--fisher-matrix", str(first), "--json", str(again)])
+    before, after = json.loads(first.read_text()), json.loads(again.read_text())
+    assert f"the matrix of {first}" in result.stdout and after["summary_fisher"]["matrix_from"] == str(first)
+    assert after["summary_fisher"]["matrix"] == before["summary_fisher"]["matrix"]
+    for name, row in before["summary_fisher"]["parameters"].items():
+        assert after["summary_fisher"]["parameters"][name] == pytest.approx(row)
+    assert not (tmp_path / "data").exists()   # no mocks, no data
+    broken = json.loads(first.read_text())
+    broken["summary_fisher"]["matrix"][0][0] = -1.0
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    for extra, said in (([], "--fisher-matrix: expected with --summary-fisher"),
+                        (["--bins", "4"], f"--fisher-matrix {first}: bins is 3, this command's 4"),
+                        (["--fisher-mocks", "24"], "summary_fisher.mocks_per_point is 20, this command's 24"),
+                        (["--fisher-matrix", str(tmp_path / "broken.json")], "summary_fisher.matrix is not a finite, "
+                                                                            "symmetric, positive definite"),
+                        (["--fisher-matrix", str(tmp_path / "missing.json")], "missing.json: not found")):
+        args = [a for a in base if a != "--summary-fisher"] if not extra else base
+        refused = run_python([*args, "--fisher-matrix", str(first), *extra, "--json", str(tmp_path / "out.json")],
+                             check=False)
+        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, \
+            (extra, refused.stderr[-1500:])
+        assert "linear Fisher bound" not in refused.stdout and not (tmp_path / "out.json").exists()
