@@ -153,6 +153,11 @@ def box_posterior_mae(covariance: np.ndarray, truths: int = 10_000, draws: int =
 
     covariance = np.asarray(covariance, dtype=np.float64)
     d = covariance.shape[0]
+    # Widest first: a narrow coordinate drawn before a wide one it is tied to leaves the wide one's box
+    # probabilities to carry the weights (biased by 5-15 % at 200 draws); the other way round they are even.
+    order = np.argsort(-np.diag(covariance), kind="stable")
+    if np.any(order != np.arange(d)):
+        return box_posterior_mae(covariance[np.ix_(order, order)], truths, draws, seed)[np.argsort(order)]
     root = np.linalg.cholesky(covariance)
     rng = np.random.default_rng(seed)
     errors = np.zeros(d)
@@ -179,15 +184,45 @@ def box_posterior_mae(covariance: np.ndarray, truths: int = 10_000, draws: int =
     return errors / truths
 
 
+def fisher_covariance(fisher: np.ndarray, known: tuple[str, ...], what: str) -> np.ndarray:
+    """F^-1 over the parameters not ``known``; a :class:`ConfigError` naming ``what`` where it cannot be had to
+    working precision (a parameter the data do not constrain, or round-off: condition over 1e12 once each
+    parameter is in units of its own error)."""
+    free = [i for i, name in enumerate(TARGET_NAMES) if name not in known]
+    block = np.asarray(fisher, dtype=np.float64)[np.ix_(free, free)]
+    diagonal = np.diag(block)
+    problem = None
+    if not np.all(np.isfinite(block)) or np.any(diagonal <= 0):
+        problem = "not finite, or a parameter with no information"
+    else:
+        unit = block / np.sqrt(np.outer(diagonal, diagonal))
+        eigenvalues = np.linalg.eigvalsh(unit)
+        if eigenvalues[0] <= eigenvalues[-1] * 1e-12:
+            problem = f"singular to working precision (condition {eigenvalues[-1] / max(eigenvalues[0], 1e-300):.2g})"
+    if problem is None:
+        covariance = np.linalg.inv(block)
+        try:
+            np.linalg.cholesky(covariance)
+        except np.linalg.LinAlgError:
+            problem = "not positive definite"
+        if not np.all(np.isfinite(covariance)):
+            problem = "not invertible in floating point"
+    if problem:
+        raise ConfigError(f"{what} is {problem}: some combination of {', '.join(TARGET_NAMES[i] for i in free)} "
+                          "is not measured (hold one fixed with --known, or use more mocks)")
+    return covariance
+
+
 def bound_rows(fisher: np.ndarray, mock, known: tuple[str, ...] = ()) -> dict:
     """Per free target: the marginal error of ``fisher`` (physical and normalised to the [-1, 1] targets), the
     best MAE it allows with every free parameter's range as the prior (:func:`box_posterior_mae`, ``best_mae``)
     and with the target's range alone, the others unbounded (:func:`posterior_mean_mae`, ``best_mae_alone``)."""
+    covariance = fisher_covariance(fisher, known, "the Fisher matrix")
     errors = marginal_errors(fisher, known)
     free = [i for i, name in enumerate(TARGET_NAMES) if name not in known]
     ranges = np.array(parameter_ranges(mock), dtype=np.float64)[free]
     scale = 2.0 / (ranges[:, 1] - ranges[:, 0])
-    best = box_posterior_mae(np.linalg.inv(fisher[np.ix_(free, free)]) * np.outer(scale, scale))
+    best = box_posterior_mae(covariance * np.outer(scale, scale))
     out = {}
     for j, i in enumerate(free):
         name = TARGET_NAMES[i]
@@ -450,59 +485,100 @@ def regression_report(cfg, args, parts: tuple[str, ...], report: dict) -> None:
                     f"{name} {row['ratio_mean']:.3f} +- {row['ratio_std']:.3f}" for name, row in by_target.items()))
 
 
+MAX_FISHER_JSON_BYTES = 16 << 20   # a --summary-fisher report is a few kB
+
+
+def mock_record(cfg) -> dict:
+    """What a summary Fisher matrix depends on besides its options: the volumes and the mocks' settings."""
+    mock = cfg.data.mock
+    return {"sample_shape": list(cfg.data.sample_shape), "box_size_mpc_h": float(mock.box_size_mpc_h),
+            "particles_per_voxel_side": mock.particles_per_voxel_side, "seed": mock.seed,
+            "redshifts": [float(z) for z in mock.redshifts],
+            "ranges": [[float(lo), float(hi)] for lo, hi in parameter_ranges(mock)]}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
+
+
 def stored_summary_fisher(path, cfg, args, parts: tuple[str, ...]) -> dict:
     """The ``summary_fisher`` of an earlier ``--json`` of this tool (``--fisher-matrix``), checked to be of the
-    same volumes, bins, summaries, held-fixed parameters and mocks; a :class:`ConfigError` naming the file
-    and the key otherwise (its bounds are computed again from the matrix, not taken from the file)."""
+    same volumes, mocks, bins, summaries, held-fixed parameters and seeds; a :class:`ConfigError` naming the
+    file and the key otherwise (its bounds are computed again from the matrix, not taken from the file)."""
     import json
 
+    if not str(path).strip():
+        raise ConfigError("--fisher-matrix: expected a file name, got ''")
     path = pathlib.Path(path)
+    where = f"--fisher-matrix {path}"
     try:
+        if not path.is_file():
+            raise ConfigError(f"{where}: " + ("not a file" if path.exists() else "not found"))
+        if path.stat().st_size > MAX_FISHER_JSON_BYTES:
+            raise ConfigError(f"{where}: {path.stat().st_size} bytes; expected a --json of this tool (a few kB)")
         report = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--fisher-matrix {path}: not found") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"--fisher-matrix {path}: not readable as JSON ({exc})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"{where}: not readable as JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     stored = report.get("summary_fisher") if isinstance(report, dict) else None
     if not isinstance(stored, dict):
-        raise ConfigError(f"--fisher-matrix {path}: no summary_fisher; expected a --json of python -m "
-                          "cosmoflow.information --summary-fisher")
-    expected = {"grid": cfg.data.sample_shape[0], "box_size_mpc_h": cfg.data.mock.box_size_mpc_h,
-                "bins": args.bins, "known": list(args.known)}
+        raise ConfigError(f"{where}: no summary_fisher; expected a --json of python -m cosmoflow.information "
+                          "--summary-fisher")
+    expected = {"grid": cfg.data.sample_shape[0], "box_size_mpc_h": cfg.data.mock.box_size_mpc_h, "bins": args.bins}
     for key, value in expected.items():
         if report.get(key) != value:
-            raise ConfigError(f"--fisher-matrix {path}: {key} is {report.get(key)!r}, this command's {value!r}; "
-                              "expected the matrix of the same volumes and options")
+            raise ConfigError(f"{where}: {key} is {report.get(key)!r}, this command's {value!r}; expected the "
+                              "matrix of the same volumes and options")
+    known = report.get("known")
+    if not isinstance(known, list) or sorted(map(str, known)) != sorted(args.known):
+        raise ConfigError(f"{where}: known is {known!r}, this command's {sorted(args.known)!r}; expected the same "
+                          "parameters held fixed")
     for key, value in (("features", set_name(parts)), ("mocks_per_point", args.fisher_mocks)):
         if stored.get(key) != value:
-            raise ConfigError(f"--fisher-matrix {path}: summary_fisher.{key} is {stored.get(key)!r}, this "
-                              f"command's {value!r}; expected the matrix of the same summaries and mocks")
-    try:
-        matrix = np.array(stored.get("matrix"), dtype=np.float64)
-    except (TypeError, ValueError):
-        matrix = np.zeros(0)
-    if matrix.shape != (4, 4) or not np.all(np.isfinite(matrix)) or not np.allclose(matrix, matrix.T, rtol=1e-6) \
-            or np.any(np.linalg.eigvalsh(matrix) <= 0):
-        raise ConfigError(f"--fisher-matrix {path}: summary_fisher.matrix is not a finite, symmetric, positive "
-                          f"definite 4 x 4 matrix")
+            raise ConfigError(f"{where}: summary_fisher.{key} is {stored.get(key)!r}, this command's {value!r}; "
+                              "expected the matrix of the same summaries and mocks")
+    volumes = stored.get("volumes")
+    if volumes is not None:   # reports since --fisher-matrix record their mocks' settings
+        mine = mock_record(cfg)
+        for key, value in mine.items():
+            if not isinstance(volumes, dict) or volumes.get(key) != value:
+                got = volumes.get(key) if isinstance(volumes, dict) else volumes
+                raise ConfigError(f"{where}: summary_fisher.volumes.{key} is {got!r}, this config's {value!r}; "
+                                  "expected the matrix of the same mocks")
+    steps = stored.get("steps")
+    if not isinstance(steps, dict) or sorted(steps) != sorted(TARGET_NAMES) \
+            or not all(_is_number(steps[name]) for name in TARGET_NAMES) \
+            or not np.allclose([steps[name] for name in TARGET_NAMES], summary_steps(cfg.data.mock), rtol=1e-9):
+        raise ConfigError(f"{where}: summary_fisher.steps is {steps!r}, this config's "
+                          f"{dict(zip(TARGET_NAMES, summary_steps(cfg.data.mock).tolist()))}; expected the matrix "
+                          "of the same parameter ranges")
+    used, dropped = stored.get("summaries_used"), stored.get("summaries_dropped")
+    length = summary_length(cfg.data.sample_shape[3], args.bins, parts)
+    if type(used) is not int or type(dropped) is not int or used < 1 or dropped < 0 or used + dropped != length:
+        raise ConfigError(f"{where}: summary_fisher.summaries_used {used!r} and summaries_dropped {dropped!r}; "
+                          f"expected whole numbers adding up to this config's {length} summaries")
+    hartlap = stored.get("hartlap")
+    if not _is_number(hartlap) or not 0 < hartlap <= 1:
+        raise ConfigError(f"{where}: summary_fisher.hartlap is {hartlap!r}; expected a number in (0, 1]")
+    rows = stored.get("matrix")
+    if not isinstance(rows, list) or len(rows) != 4 or not all(isinstance(row, list) and len(row) == 4
+                                                               and all(map(_is_number, row)) for row in rows):
+        raise ConfigError(f"{where}: summary_fisher.matrix is not a 4 x 4 matrix of finite numbers")
+    matrix = np.array(rows, dtype=np.float64)
+    if not np.allclose(matrix, matrix.T, rtol=1e-6, atol=0):
+        raise ConfigError(f"{where}: summary_fisher.matrix is not symmetric")
+    fisher_covariance(matrix, tuple(args.known), f"{where}: summary_fisher.matrix")
+    parameters = stored.get("parameters")
     half = {}
     for name in TARGET_NAMES:
         if name not in args.known:
-            value = (stored.get("parameters") or {}).get(name, {}).get("sigma_half_seeds") \
-                if isinstance(stored.get("parameters"), dict) else None
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
-                raise ConfigError(f"--fisher-matrix {path}: summary_fisher.parameters.{name}.sigma_half_seeds is "
-                                  f"{value!r}; expected a finite number above 0")
+            row = parameters.get(name) if isinstance(parameters, dict) else None
+            value = row.get("sigma_half_seeds") if isinstance(row, dict) else None
+            if not _is_number(value) or value <= 0:
+                raise ConfigError(f"{where}: summary_fisher.parameters.{name}.sigma_half_seeds is {value!r}; "
+                                  "expected a finite number above 0")
             half[name] = float(value)
-    hartlap, used, dropped, steps = (stored.get(key) for key in ("hartlap", "summaries_used", "summaries_dropped",
-                                                                  "steps"))
-    if isinstance(hartlap, bool) or not isinstance(hartlap, (int, float)) or not 0 < hartlap <= 1 \
-            or type(used) is not int or used < 1 or type(dropped) is not int or dropped < 0 \
-            or not isinstance(steps, dict) or sorted(steps) != sorted(TARGET_NAMES):
-        raise ConfigError(f"--fisher-matrix {path}: summary_fisher's hartlap, summaries_used, summaries_dropped "
-                          "or steps are not those of a --summary-fisher report")
     return {"fisher": matrix, "half": half, "from": str(path), "steps": steps, "summaries_used": used,
-            "summaries_dropped": dropped, "hartlap": float(hartlap)}
+            "summaries_dropped": dropped, "hartlap": float(hartlap), "volumes": volumes is not None}
 
 
 def summary_fisher_report(cfg, args, parts: tuple[str, ...], report: dict, stored: dict | None = None) -> None:
@@ -520,9 +596,13 @@ def summary_fisher_report(cfg, args, parts: tuple[str, ...], report: dict, store
         "features": set_name(parts), "mocks_per_point": args.fisher_mocks, "steps": result["steps"],
         "covariance": "fiducial mocks, other seeds' phases", "summaries_used": result["summaries_used"],
         "summaries_dropped": result["summaries_dropped"], "hartlap": result["hartlap"],
-        "matrix": np.asarray(result["fisher"]).tolist(), "parameters": rows}
+        "matrix": np.asarray(result["fisher"]).tolist(), "parameters": rows, "volumes": mock_record(cfg)}
     if stored is not None:
         report["summary_fisher"]["matrix_from"] = stored["from"]
+        if not stored["volumes"]:
+            print(f"{stored['from']} records no mock settings (written before they were): its grid, box, steps "
+                  "(the parameter ranges) and summary count match this config; its mocks' seed, redshifts and "
+                  "particles are taken as this config's")
     print(f"summary Fisher bound ({set_label(parts)}, {result['summaries_used']} numbers, {args.bins} k bins; "
           f"{args.fisher_mocks} seeds x 9 mocks, Hartlap factor {result['hartlap']:.2f}"
           + (f", {result['summaries_dropped']} constant summaries dropped" if result["summaries_dropped"] else "")
@@ -566,9 +646,14 @@ def main(argv=None) -> int:
             raise ConfigError(f"--bins: expected at least 1 k bin per redshift channel, got {args.bins}")
         if args.summary_fisher and args.fisher_mocks < 2:
             raise ConfigError(f"--fisher-mocks: expected at least 2, got {args.fisher_mocks}")
-        if args.fisher_matrix and not args.summary_fisher:
+        if args.fisher_matrix is not None and not args.summary_fisher:
             raise ConfigError("--fisher-matrix: expected with --summary-fisher (it replaces that bound's mocks)")
-        stored = stored_summary_fisher(args.fisher_matrix, cfg, args, parts) if args.fisher_matrix else None
+        stored = None
+        if args.fisher_matrix is not None:
+            if args.json and pathlib.Path(args.json).resolve() == pathlib.Path(args.fisher_matrix).resolve():
+                raise ConfigError(f"--json {args.json}: the --fisher-matrix file; name another (it would be "
+                                  "replaced by what is read from it)")
+            stored = stored_summary_fisher(args.fisher_matrix, cfg, args, parts)
         if args.json:   # checked before the work, not after it: a name this suite may write, in a folder it can
             check_output_file(args.json, "--json", how="name another --json file")
         mock, grid = cfg.data.mock, cfg.data.sample_shape[0]

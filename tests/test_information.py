@@ -76,6 +76,23 @@ def test_box_posterior_mae_against_quadrature_and_the_one_parameter_formula():
     np.testing.assert_allclose(box_posterior_mae(covariance), reference, rtol=0.03)
     # the second parameter's range tightens the first well below its range alone (0.143)
     assert reference[0] < 0.8 * posterior_mean_mae(s[0])
+    # A narrow parameter given first, tied (rho 0.999) to one far wider than the box: against the posterior
+    # mean by rejection (draws from N(observed, C) kept inside the box), 2,000 truths: 1.3 % standard
+    # error each, 5 % is 3 of them combined (drawing the narrow one first biased it by 13 %).
+    s, rho = np.array([0.01, 3.0]), 0.999
+    covariance = np.array([[s[0] ** 2, rho * s[0] * s[1]], [rho * s[0] * s[1], s[1] ** 2]])
+    rng = np.random.default_rng(5)
+    root = np.linalg.cholesky(covariance)
+    truth = rng.uniform(-1, 1, (2000, 2))
+    observed = truth + rng.standard_normal((2000, 2)) @ root.T
+    errors = []
+    for t, x in zip(truth, observed):
+        kept = np.zeros((0, 2))
+        while len(kept) < 200:   # near a corner of the box most draws fall outside it
+            draws = x + rng.standard_normal((20000, 2)) @ root.T
+            kept = np.concatenate([kept, draws[np.all(np.abs(draws) <= 1, axis=1)]])
+        errors.append(np.abs(kept.mean(axis=0) - t))
+    np.testing.assert_allclose(box_posterior_mae(covariance), np.mean(errors, axis=0), rtol=0.05)
 
 @pytest.mark.parametrize("sigma", [0.1, 0.5, 2.0])
 def test_posterior_mean_mae_against_quadrature(sigma):
@@ -318,18 +335,38 @@ def test_a_stored_summary_fisher_matrix_gives_its_bounds_again_and_a_foreign_one
     for name, row in before["summary_fisher"]["parameters"].items():
         assert after["summary_fisher"]["parameters"][name] == pytest.approx(row)
     assert not (tmp_path / "data").exists()   # no mocks, no data
-    broken = json.loads(first.read_text())
-    broken["summary_fisher"]["matrix"][0][0] = -1.0
-    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    assert after["summary_fisher"]["volumes"]["seed"] == 2026   # demo.yaml's; the mocks' settings, compared when read again
+    edits = {"broken.json": lambda r: r["summary_fisher"]["matrix"][0].__setitem__(0, -1.0),
+             "singular.json": lambda r: r["summary_fisher"].__setitem__("matrix", [[1.0, 1.0, 0, 0], [1.0, 1.0, 0, 0],
+                                                                                   [0, 0, 1.0, 0], [0, 0, 0, 1.0]]),
+             "strings.json": lambda r: r["summary_fisher"]["matrix"][1].__setitem__(1, "3.5"),
+             "row.json": lambda r: r["summary_fisher"]["parameters"].__setitem__("n_s", 5),
+             "old.json": lambda r: r["summary_fisher"].pop("volumes")}
+    for name, edit in edits.items():
+        record = json.loads(first.read_text())
+        edit(record)
+        (tmp_path / name).write_text(json.dumps(record))
     for extra, said in (([], "--fisher-matrix: expected with --summary-fisher"),
                         (["--bins", "4"], f"--fisher-matrix {first}: bins is 3, this command's 4"),
                         (["--fisher-mocks", "24"], "summary_fisher.mocks_per_point is 20, this command's 24"),
-                        (["--fisher-matrix", str(tmp_path / "broken.json")], "summary_fisher.matrix is not a finite, "
-                                                                            "symmetric, positive definite"),
+                        (["--set", "data.mock.seed=7"], "summary_fisher.volumes.seed is 2026, this config's 7"),
+                        (["--set", "data.mock.omega_m_range=[0.25,0.35]"], "summary_fisher.volumes.ranges is"),
+                        (["--known", "H0"], "known is [], this command's ['H0']"),
+                        (["--json", str(first)], f"--json {first}: the --fisher-matrix file; name another"),
+                        (["--fisher-matrix", ""], "--fisher-matrix: expected a file name, got ''"),
+                        (["--fisher-matrix", str(tmp_path / "broken.json")],
+                         "summary_fisher.matrix is not finite, or a parameter with no information"),
+                        (["--fisher-matrix", str(tmp_path / "singular.json")],
+                         "summary_fisher.matrix is singular to working precision"),
+                        (["--fisher-matrix", str(tmp_path / "strings.json")], "is not a 4 x 4 matrix of finite numbers"),
+                        (["--fisher-matrix", str(tmp_path / "row.json")],
+                         "summary_fisher.parameters.n_s.sigma_half_seeds is None"),
+                        (["--fisher-matrix", str(tmp_path / "old.json"), "--set", "data.mock.omega_m_range=[0.25,0.35]"],
+                         "summary_fisher.steps is"),
                         (["--fisher-matrix", str(tmp_path / "missing.json")], "missing.json: not found")):
         args = [a for a in base if a != "--summary-fisher"] if not extra else base
-        refused = run_python([*args, "--fisher-matrix", str(first), *extra, "--json", str(tmp_path / "out.json")],
-                             check=False)
+        refused = run_python([*args, "--fisher-matrix", str(first), *extra, "--json", str(tmp_path / "out.json")]
+                             if "--json" not in extra else [*args, "--fisher-matrix", str(first), *extra], check=False)
         assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, \
             (extra, refused.stderr[-1500:])
         assert "linear Fisher bound" not in refused.stdout and not (tmp_path / "out.json").exists()
