@@ -218,6 +218,21 @@ def read_bounds(paths: list[str], information: dict, information_path) -> dict[s
     return bounds
 
 
+def check_label(label: str, where: str) -> str:
+    """A series label as the legend and ``--json`` can carry it: printable text on one line, no spaces at its
+    ends, not starting with '_' (matplotlib leaves such labels out of the legend)."""
+    if not isinstance(label, str) or not label.strip() or not label.isprintable() or label != label.strip() \
+            or label.startswith("_"):
+        raise UserInputError(f"{where} {label!r}: expected a label of printable characters on one line (no tabs, "
+                             "newlines or control characters), without spaces at its ends or a leading '_'")
+    return label
+
+
+def legend_text(label: str) -> str:
+    """``label`` drawn as written: '$' would start matplotlib's mathtext."""
+    return label.replace("$", r"\$")
+
+
 def read_earlier(path, information: dict) -> dict[str, dict]:
     """The network series of an earlier ``--json`` of this tool, checked to be on the regression's data."""
     earlier = _read_json(pathlib.Path(path), "an earlier --json of python -m cosmoflow.learning_curve")
@@ -226,6 +241,7 @@ def read_earlier(path, information: dict) -> dict[str, dict]:
                              "cosmoflow.learning_curve")
     folders = set()
     for label, curve in _mapping(earlier["networks"], f"{path}: networks").items():
+        check_label(label, f"{path}: networks")
         check_curve(curve, f"{path}: networks.{label}")
         group = earlier["runs"].get(label)
         if not isinstance(group, list) or not group or not all(isinstance(run, dict) for run in group):
@@ -299,7 +315,8 @@ def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict 
             sizes = [int(n) for n in curve if name in curve[n]]
             dodge = 1.03 ** (i - (len(series) - 1) / 2)   # series at one size side by side, not on top of each other
             axis.errorbar([n * dodge for n in sizes], [curve[str(n)][name]["ratio_mean"] for n in sizes],
-                          yerr=[curve[str(n)][name]["ratio_std"] for n in sizes], capsize=3, ms=4, label=label, **style)
+                          yerr=[curve[str(n)][name]["ratio_std"] for n in sizes], capsize=3, ms=4,
+                          label=legend_text(label), **style)
         for i, (label, bound) in enumerate((bounds or {}).items()):
             if name in bound:
                 axis.axhline(bound[name], label=label, **BOUND_STYLES[i % len(BOUND_STYLES)])
@@ -367,15 +384,14 @@ def main(argv=None) -> int:
         regressions = select_regressions(information, args.regressions, args.information)
         earlier = read_earlier(args.earlier, information) if args.earlier else {"networks": {}, "runs": {}}
         for label, *_ in (*args.series, *args.extend):
-            if not label.isprintable() or not label.strip():
-                raise UserInputError(f"--series/--extend {label!r}: expected a label of printable characters "
-                                     "on one line (it names the series in the legend and in --json)")
+            check_label(label, "--series/--extend")
+        taken = {label.casefold(): label for label in earlier["networks"]}
         series = {}
         for label, *directories in args.series:
-            if label in earlier["networks"]:
+            if label.casefold() in taken:
                 raise UserInputError(f"--series {label}: the label is a series of --earlier {args.earlier} already; "
                                      "choose another")
-            if not directories or label in series:
+            if not directories or label.casefold() in {name.casefold() for name in series}:
                 raise UserInputError(f"--series {label}: expected a new label followed by run directories")
             series[label] = [read_run(run) for run in directories]
             check_series(label, series[label], "--series")

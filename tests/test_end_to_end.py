@@ -226,6 +226,9 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
                               "--out", str(tmp_path / "refused.png")], check=False)
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
     # wrongly typed numbers, outputs that collide or cannot be written: one line, exit 2, no figure left behind
+    tabbed = json.loads(first.read_text())
+    tabbed["networks"]["a\tb"], tabbed["runs"]["a\tb"] = tabbed["networks"].pop("tiny"), tabbed["runs"].pop("tiny")
+    (tmp_path / "tabbed.json").write_text(json.dumps(tabbed))
     typed = json.loads(information.read_text())
     typed["fisher"]["n_s"]["best_mae"] = "0.3"
     (tmp_path / "typed.json").write_text(json.dumps(typed))
@@ -242,13 +245,21 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
                          "--extend other: not a series of --earlier"),
                         (["--extend", "tiny", str(copy)], "--extend tiny: expected --earlier JSON"),
                         (["--series", "two\nlines", str(run_dir)], "--series/--extend 'two\\nlines': expected a label of "
-                                                                   "printable characters")):
+                                                                   "printable characters"),
+                        (["--series", "_hidden", str(run_dir)], "without spaces at its ends or a leading '_'"),
+                        (["--series", "tiny ", str(run_dir)], "without spaces at its ends"),
+                        (["--earlier", str(first), "--series", "TINY", str(run_dir)],
+                         "--series TINY: the label is a series of --earlier"),
+                        (["--earlier", str(tmp_path / "tabbed.json")], "tabbed.json: networks 'a\\tb': expected a label")):
         series = [] if "--series" in extra else ["--series", "again", str(run_dir)]
         refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *series, *extra,
                               "--out", str(tmp_path / "refused.png")], check=False)
         assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
         assert not (tmp_path / "refused.png").exists()
     assert (tmp_path / "users.json").read_text() == "{}"
+    # a '$' in a label is drawn as written, not as matplotlib's mathtext (an unbalanced one was a traceback)
+    run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--series", "cost $ x^$",
+                str(run_dir), "--out", str(tmp_path / "dollar.png")])
     moved = json.loads(first.read_text())
     moved["runs"]["tiny"][0]["data_dir"] = str(tmp_path / "elsewhere")
     (tmp_path / "moved.json").write_text(json.dumps(moved))
