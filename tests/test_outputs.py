@@ -465,3 +465,24 @@ def test_a_lock_file_that_is_a_fifo_or_a_link_is_one_line(tmp_path):
     with pytest.raises(UserInputError, match=r"cannot open the run directory's lock file \(a link"):
         RunDirLock(link_run, "cosmoflow.train").acquire()
     assert target.read_text() == "mine\n"
+
+
+def test_a_link_to_nothing_or_a_loop_is_not_replaced_by_an_output(tmp_path):
+    """A dangling link or a loop of links named as an output: refused in one line (a rename would put a file
+    where the user's link was); with --force, replaced."""
+    from common.errors import UserInputError
+    from common.storage.outputs import atomic_path, check_output_file
+
+    dangling, loop = tmp_path / "dangling.json", tmp_path / "loop.json"
+    dangling.symlink_to(tmp_path / "nowhere.json")
+    loop.symlink_to(loop)
+    for link in (dangling, loop):
+        with pytest.raises(UserInputError, match="a link to nothing"):
+            check_output_file(link, "--json")
+        with pytest.raises(UserInputError, match="a link to nothing"):
+            with atomic_path(link) as temporary:
+                temporary.write_text("{}")
+        assert link.is_symlink()
+    with atomic_path(dangling, force=True) as temporary:
+        temporary.write_text("{}")
+    assert not dangling.is_symlink() and dangling.read_text() == "{}"

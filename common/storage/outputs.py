@@ -211,6 +211,8 @@ def _write_marker(run_dir: pathlib.Path, record: dict) -> None:
 def check_replaceable(path, force: bool = False, how: str = "pass --force to replace it") -> None:
     """A one-line error unless ``path`` is absent, was written by the suite, or ``force``."""
     path = pathlib.Path(path)
+    if path.is_symlink() and not path.exists() and not force:   # a rename would replace the link itself
+        raise UserInputError(f"{path}: a link to nothing (or a loop of links); not replaced ({how})")
     if path.exists() and not force and not written_by_suite(path):
         raise UserInputError(f"{path}: exists and was not written by this suite; not replaced ({how})")
 
