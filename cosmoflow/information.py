@@ -55,7 +55,9 @@ Three estimates, for a config's volumes:
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
+import os
 import pathlib
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -129,6 +131,8 @@ def posterior_mean_mae(sigma: float, samples: int = 200_000, seed: int = 0) -> f
     a Gaussian measurement of that error gives in the normalised targets (-> 0.5 as sigma grows)."""
     from scipy.stats import norm   # deferred: scipy (about 0.3 s) for this one function
 
+    if sigma >= 1e4:   # the prior alone: MAE 0.5 + O(1 / sigma^2), where the sampling below loses precision
+        return 0.5
     rng = np.random.default_rng(seed)
     truth = rng.uniform(-1.0, 1.0, samples)
     observed = truth + sigma * rng.standard_normal(samples)
@@ -189,18 +193,27 @@ def fisher_covariance(fisher: np.ndarray, known: tuple[str, ...], what: str) -> 
     working precision (a parameter the data do not constrain, or round-off: condition over 1e12 once each
     parameter is in units of its own error)."""
     free = [i for i, name in enumerate(TARGET_NAMES) if name not in known]
+    if not free:
+        return np.zeros((0, 0))
     block = np.asarray(fisher, dtype=np.float64)[np.ix_(free, free)]
     diagonal = np.diag(block)
     problem = None
     if not np.all(np.isfinite(block)) or np.any(diagonal <= 0):
         problem = "not finite, or a parameter with no information"
     else:
-        unit = block / np.sqrt(np.outer(diagonal, diagonal))
-        eigenvalues = np.linalg.eigvalsh(unit)
-        if eigenvalues[0] <= eigenvalues[-1] * 1e-12:
-            problem = f"singular to working precision (condition {eigenvalues[-1] / max(eigenvalues[0], 1e-300):.2g})"
+        root = np.sqrt(diagonal)   # each parameter in units of its own error; no product of the diagonals
+        with np.errstate(all="ignore"):
+            unit = block / root[:, None] / root[None, :]
+        if not np.all(np.isfinite(unit)):
+            problem = "out of floating-point range"
+        else:
+            eigenvalues = np.linalg.eigvalsh(unit)
+            if eigenvalues[0] <= eigenvalues[-1] * 1e-12:
+                problem = (f"singular to working precision or not positive definite (eigenvalues {eigenvalues[0]:.2g} "
+                           f"to {eigenvalues[-1]:.2g} with each parameter in units of its own error)")
     if problem is None:
-        covariance = np.linalg.inv(block)
+        with np.errstate(all="ignore"):
+            covariance = np.linalg.inv(unit) / root[:, None] / root[None, :]
         try:
             np.linalg.cholesky(covariance)
         except np.linalg.LinAlgError:
@@ -209,7 +222,7 @@ def fisher_covariance(fisher: np.ndarray, known: tuple[str, ...], what: str) -> 
             problem = "not invertible in floating point"
     if problem:
         raise ConfigError(f"{what} is {problem}: some combination of {', '.join(TARGET_NAMES[i] for i in free)} "
-                          "is not measured (hold one fixed with --known, or use more mocks)")
+                          "is not measured (hold one fixed with --known)")
     return covariance
 
 
@@ -218,11 +231,19 @@ def bound_rows(fisher: np.ndarray, mock, known: tuple[str, ...] = ()) -> dict:
     best MAE it allows with every free parameter's range as the prior (:func:`box_posterior_mae`, ``best_mae``)
     and with the target's range alone, the others unbounded (:func:`posterior_mean_mae`, ``best_mae_alone``)."""
     covariance = fisher_covariance(fisher, known, "the Fisher matrix")
+    if covariance.size == 0:   # every parameter held fixed
+        return {}
     errors = marginal_errors(fisher, known)
     free = [i for i, name in enumerate(TARGET_NAMES) if name not in known]
     ranges = np.array(parameter_ranges(mock), dtype=np.float64)[free]
     scale = 2.0 / (ranges[:, 1] - ranges[:, 0])
-    best = box_posterior_mae(covariance * np.outer(scale, scale))
+    normalised = covariance * np.outer(scale, scale)
+    # a parameter whose error is 1e4 times its range: the likelihood is flat over the box, the prior alone
+    # answers (MAE 0.5), and it tells the others nothing (the sampler would lose precision on it)
+    flat = np.sqrt(np.diag(normalised)) >= 1e4
+    best = np.full(len(free), 0.5)
+    if not flat.all():
+        best[~flat] = box_posterior_mae(normalised[np.ix_(~flat, ~flat)])
     out = {}
     for j, i in enumerate(free):
         name = TARGET_NAMES[i]
@@ -498,7 +519,12 @@ def mock_record(cfg) -> dict:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:   # an integer of hundreds of digits
+        return False
 
 
 def stored_summary_fisher(path, cfg, args, parts: tuple[str, ...]) -> dict:
@@ -508,7 +534,7 @@ def stored_summary_fisher(path, cfg, args, parts: tuple[str, ...]) -> dict:
     import json
 
     if not str(path).strip():
-        raise ConfigError("--fisher-matrix: expected a file name, got ''")
+        raise ConfigError(f"--fisher-matrix: expected a file name, got {str(path)!r}")
     path = pathlib.Path(path)
     where = f"--fisher-matrix {path}"
     try:
@@ -596,7 +622,9 @@ def summary_fisher_report(cfg, args, parts: tuple[str, ...], report: dict, store
         "features": set_name(parts), "mocks_per_point": args.fisher_mocks, "steps": result["steps"],
         "covariance": "fiducial mocks, other seeds' phases", "summaries_used": result["summaries_used"],
         "summaries_dropped": result["summaries_dropped"], "hartlap": result["hartlap"],
-        "matrix": np.asarray(result["fisher"]).tolist(), "parameters": rows, "volumes": mock_record(cfg)}
+        "matrix": np.asarray(result["fisher"]).tolist(), "parameters": rows}
+    if stored is None or stored["volumes"]:   # a matrix of a file that records none: nothing checked to record
+        report["summary_fisher"]["volumes"] = mock_record(cfg)
     if stored is not None:
         report["summary_fisher"]["matrix_from"] = stored["from"]
         if not stored["volumes"]:
@@ -650,7 +678,11 @@ def main(argv=None) -> int:
             raise ConfigError("--fisher-matrix: expected with --summary-fisher (it replaces that bound's mocks)")
         stored = None
         if args.fisher_matrix is not None:
-            if args.json and pathlib.Path(args.json).resolve() == pathlib.Path(args.fisher_matrix).resolve():
+            try:
+                same = bool(args.json) and os.path.samefile(args.json, args.fisher_matrix)
+            except (OSError, ValueError):
+                same = False
+            if same:
                 raise ConfigError(f"--json {args.json}: the --fisher-matrix file; name another (it would be "
                                   "replaced by what is read from it)")
             stored = stored_summary_fisher(args.fisher_matrix, cfg, args, parts)

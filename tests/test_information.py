@@ -341,7 +341,10 @@ def test_a_stored_summary_fisher_matrix_gives_its_bounds_again_and_a_foreign_one
                                                                                    [0, 0, 1.0, 0], [0, 0, 0, 1.0]]),
              "strings.json": lambda r: r["summary_fisher"]["matrix"][1].__setitem__(1, "3.5"),
              "row.json": lambda r: r["summary_fisher"]["parameters"].__setitem__("n_s", 5),
-             "old.json": lambda r: r["summary_fisher"].pop("volumes")}
+             "old.json": lambda r: r["summary_fisher"].pop("volumes"),
+             "huge.json": lambda r: r["summary_fisher"].__setitem__("hartlap", 10 ** 400),
+             "tiny.json": lambda r: r["summary_fisher"].__setitem__(
+                 "matrix", [[value * 1e-200 for value in row] for row in r["summary_fisher"]["matrix"]])}
     for name, edit in edits.items():
         record = json.loads(first.read_text())
         edit(record)
@@ -363,6 +366,7 @@ def test_a_stored_summary_fisher_matrix_gives_its_bounds_again_and_a_foreign_one
                          "summary_fisher.parameters.n_s.sigma_half_seeds is None"),
                         (["--fisher-matrix", str(tmp_path / "old.json"), "--set", "data.mock.omega_m_range=[0.25,0.35]"],
                          "summary_fisher.steps is"),
+                        (["--fisher-matrix", str(tmp_path / "huge.json")], "summary_fisher.hartlap is 1000"),
                         (["--fisher-matrix", str(tmp_path / "missing.json")], "missing.json: not found")):
         args = [a for a in base if a != "--summary-fisher"] if not extra else base
         refused = run_python([*args, "--fisher-matrix", str(first), *extra, "--json", str(tmp_path / "out.json")]
@@ -370,3 +374,10 @@ def test_a_stored_summary_fisher_matrix_gives_its_bounds_again_and_a_foreign_one
         assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, \
             (extra, refused.stderr[-1500:])
         assert "linear Fisher bound" not in refused.stdout and not (tmp_path / "out.json").exists()
+    # a matrix 1e-200 times smaller: no parameter measured over its range, the prior's MAE; every parameter
+    # held fixed: no bound to give; neither a traceback
+    run_python([*base, "--fisher-matrix", str(tmp_path / "tiny.json"), "--json", str(tmp_path / "tiny-out.json")])
+    rows = json.loads((tmp_path / "tiny-out.json").read_text())["summary_fisher"]["parameters"]
+    assert [row["best_mae"] for row in rows.values()] == [0.5] * 4
+    every = [item for name in ("Omega_m", "sigma_8", "n_s", "H0") for item in ("--known", name)]
+    assert "held fixed: Omega_m, sigma_8, n_s, H0" in run_python([*base, "--fisher-only", *every]).stdout
