@@ -247,6 +247,10 @@ def read_earlier(path, information: dict) -> dict[str, dict]:
         if not isinstance(group, list) or not group or not all(isinstance(run, dict) for run in group):
             raise UserInputError(f"{path}: runs.{label}: expected the list of the series' runs, got {_shown(group)}")
         folders |= {str(run.get("data_dir")) for run in group}
+    folded = [label.casefold() for label in earlier["networks"]]
+    if len(set(folded)) != len(folded) or set(earlier["runs"]) != set(earlier["networks"]):
+        raise UserInputError(f"{path}: its networks' labels differ only in case, or its runs are of other labels "
+                             "than its networks; expected an earlier --json of python -m cosmoflow.learning_curve")
     if folders != {information.get("data_dir")}:
         raise UserInputError(f"{path}: its runs read {', '.join(sorted(map(str, folders)))}, the regression "
                              f"{information.get('data_dir')}; expected the same folder")
@@ -319,7 +323,7 @@ def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict 
                           label=legend_text(label), **style)
         for i, (label, bound) in enumerate((bounds or {}).items()):
             if name in bound:
-                axis.axhline(bound[name], label=label, **BOUND_STYLES[i % len(BOUND_STYLES)])
+                axis.axhline(bound[name], label=legend_text(label), **BOUND_STYLES[i % len(BOUND_STYLES)])
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         plain = plt.FuncFormatter(lambda value, _: f"{value:.2g}")
@@ -337,7 +341,7 @@ def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict 
     handles, labels = axes[0][0].get_legend_handles_labels()
     rows = -(-len(labels) // 3)
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8, frameon=False)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(legend_text(title), fontsize=9)
     fig.tight_layout(rect=(0, 0.045 + 0.045 * rows, 1, 1))
     return fig
 
@@ -410,6 +414,10 @@ def main(argv=None) -> int:
         bounds = read_bounds(args.bound, information, args.information)
         networks = {**earlier["networks"], **{label: check_curve(network_curve(group), f"the series {label}")
                                               for label, group in (*extended.items(), *series.items())}}
+        others = {label.casefold() for label in (*map(regression_label, regressions), *bounds)}
+        for label in networks:
+            if label.casefold() in others:
+                raise UserInputError(f"--series {label}: the label of a regression or bound drawn too; choose another")
         print("validation MAE / training-mean MAE, mean +- std (networks: over seeds; ridge: over training draws)")
         for label, curve in list(networks.items()) + [(regression_label(k), c) for k, c in regressions.items()]:
             print(f"  {label}:")

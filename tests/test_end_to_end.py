@@ -250,7 +250,8 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
                         (["--series", "tiny ", str(run_dir)], "without spaces at its ends"),
                         (["--earlier", str(first), "--series", "TINY", str(run_dir)],
                          "--series TINY: the label is a series of --earlier"),
-                        (["--earlier", str(tmp_path / "tabbed.json")], "tabbed.json: networks 'a\\tb': expected a label")):
+                        (["--earlier", str(tmp_path / "tabbed.json")], "tabbed.json: networks 'a\\tb': expected a label"),
+                        (["--series", "Ridge on log P(k)", str(run_dir)], "the label of a regression or bound drawn too")):
         series = [] if "--series" in extra else ["--series", "again", str(run_dir)]
         refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *series, *extra,
                               "--out", str(tmp_path / "refused.png")], check=False)
@@ -259,7 +260,7 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
     assert (tmp_path / "users.json").read_text() == "{}"
     # a '$' in a label is drawn as written, not as matplotlib's mathtext (an unbalanced one was a traceback)
     run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--series", "cost $ x^$",
-                str(run_dir), "--out", str(tmp_path / "dollar.png")])
+                str(run_dir), "--title", "MAE $\\frac$", "--out", str(tmp_path / "dollar.png")])
     moved = json.loads(first.read_text())
     moved["runs"]["tiny"][0]["data_dir"] = str(tmp_path / "elsewhere")
     (tmp_path / "moved.json").write_text(json.dumps(moved))
