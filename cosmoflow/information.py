@@ -55,6 +55,7 @@ Three estimates, for a config's volumes:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing
 import os
@@ -153,7 +154,7 @@ def box_posterior_mae(covariance: np.ndarray, truths: int = 10_000, draws: int =
     Geweke-Hajivassiliou-Keane recursion: coordinate by coordinate along the Cholesky factor, each drawn
     within the box given the ones before, weighted by the product of those probabilities; every sample lies
     in the box, the widest parameter drawn first.  Monte Carlo error about 1 % (tests/test_information.py)."""
-    from scipy.special import ndtr, ndtri   # deferred, as in posterior_mean_mae
+    from scipy.special import ndtr, ndtri   # deferred: scipy (about 0.3 s), as in posterior_mean_mae
 
     covariance = np.asarray(covariance, dtype=np.float64)
     d = covariance.shape[0]
@@ -531,8 +532,6 @@ def stored_summary_fisher(path, cfg, args, parts: tuple[str, ...]) -> dict:
     """The ``summary_fisher`` of an earlier ``--json`` of this tool (``--fisher-matrix``), checked to be of the
     same volumes, mocks, bins, summaries, held-fixed parameters and seeds; a :class:`ConfigError` naming the
     file and the key otherwise (its bounds are computed again from the matrix, not taken from the file)."""
-    import json
-
     if not str(path).strip():
         raise ConfigError(f"--fisher-matrix: expected a file name, got {str(path)!r}")
     path = pathlib.Path(path)
