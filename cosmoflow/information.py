@@ -234,8 +234,8 @@ def bound_rows(fisher: np.ndarray, mock, known: tuple[str, ...] = ()) -> dict:
     covariance = fisher_covariance(fisher, known, "the Fisher matrix")
     if covariance.size == 0:   # every parameter held fixed
         return {}
-    errors = marginal_errors(fisher, known)
     free = [i for i, name in enumerate(TARGET_NAMES) if name not in known]
+    errors = dict(zip((TARGET_NAMES[i] for i in free), np.sqrt(np.diag(covariance)).tolist()))   # marginal
     ranges = np.array(parameter_ranges(mock), dtype=np.float64)[free]
     scale = 2.0 / (ranges[:, 1] - ranges[:, 0])
     normalised = covariance * np.outer(scale, scale)
@@ -621,7 +621,7 @@ def summary_fisher_report(cfg, args, parts: tuple[str, ...], report: dict, store
         "features": set_name(parts), "mocks_per_point": args.fisher_mocks, "steps": result["steps"],
         "covariance": "fiducial mocks, other seeds' phases", "summaries_used": result["summaries_used"],
         "summaries_dropped": result["summaries_dropped"], "hartlap": result["hartlap"],
-        "matrix": np.asarray(result["fisher"]).tolist(), "parameters": rows}
+        "matrix": result["fisher"].tolist(), "parameters": rows}
     if stored is None or stored["volumes"]:   # a matrix of a file that records none: nothing checked to record
         report["summary_fisher"]["volumes"] = mock_record(cfg)
     if stored is not None:

@@ -389,7 +389,7 @@ def main(argv=None) -> int:
         earlier = read_earlier(args.earlier, information) if args.earlier else {"networks": {}, "runs": {}}
         for label, *_ in (*args.series, *args.extend):
             check_label(label, "--series/--extend")
-        taken = {label.casefold(): label for label in earlier["networks"]}
+        taken = {label.casefold() for label in earlier["networks"]}
         series = {}
         for label, *directories in args.series:
             if label.casefold() in taken:
