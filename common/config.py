@@ -18,7 +18,7 @@ import pathlib
 import re
 import types
 import typing
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pydantic
 import yaml
@@ -56,6 +56,14 @@ def _element_type(annotation):
     if origin in (list, tuple) and typing.get_args(annotation):
         return typing.get_args(annotation)[0]
     return None
+
+
+# Marks a field whose value decides what the network's weights or outputs mean (its input transform, its
+# targets' order and units, the scale its kernels learned): ``Field(..., json_schema_extra=MEANING)``.  A
+# checkpoint records every marked field beside the model section (:func:`network_data_record`), and a resume
+# that changed one is refused, naming it; a checkpoint written before a field was marked is compared on the
+# fields it records.  The model section is recorded whole: its fields need no mark.
+MEANING = {"meaning": True}
 
 
 class Section(BaseModel):
@@ -227,13 +235,8 @@ class MlperfSection(Section):
 
 
 class AppConfig(Section):
-    """What every application schema has; apps narrow ``data`` and add ``model``.
-
-    ``NETWORK_DATA_KEYS``: the dotted ``data`` keys that decide what the network's weights mean (its input
-    transform, its targets' order and scale, what its own layers compute from the input); a checkpoint records
-    them beside the model section, and a resume that changed one is refused."""
-
-    NETWORK_DATA_KEYS: ClassVar[tuple[str, ...]] = ()
+    """What every application schema has; apps narrow ``data`` and add ``model``, and mark with
+    :data:`MEANING` the fields outside ``model`` that decide what the network's weights mean."""
 
     data: DataSection
     train: TrainSection = Field(default_factory=TrainSection)
@@ -245,10 +248,23 @@ class AppConfig(Section):
 ConfigT = TypeVar("ConfigT", bound=AppConfig)
 
 
+def meaning_keys(schema: type[BaseModel]) -> tuple[str, ...]:
+    """The dotted keys of ``schema``'s fields marked :data:`MEANING`, its sections' fields included
+    (``data.mock.omega_m_range``), in the schema's field order."""
+    keys = []
+    for name, field in schema.model_fields.items():
+        if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("meaning") is True:
+            keys.append(name)
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys.extend(f"{name}.{key}" for key in meaning_keys(field.annotation))
+    return tuple(keys)
+
+
 def network_data_record(cfg: AppConfig) -> dict:
-    """``{dotted key: JSON value}`` of the config's :attr:`AppConfig.NETWORK_DATA_KEYS`."""
+    """``{dotted key: JSON value}`` of the config's fields marked :data:`MEANING` (:func:`meaning_keys`): what a
+    checkpoint records beside its model section."""
     dumped = config_to_dict(cfg)
-    return {key: functools.reduce(dict.__getitem__, key.split("."), dumped) for key in type(cfg).NETWORK_DATA_KEYS}
+    return {key: functools.reduce(dict.__getitem__, key.split("."), dumped) for key in meaning_keys(type(cfg))}
 
 
 ENVIRONMENT_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")

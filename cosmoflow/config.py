@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from common.config import AppConfig, DataSection, Section
+from common.config import MEANING, AppConfig, DataSection, Section
 
 # Order of the four targets in the MLPerf files (``y`` / ``unitPar``), where no ``namePar`` says otherwise.
 TARGET_NAMES = ("Omega_m", "sigma_8", "n_s", "H0")
@@ -19,15 +19,17 @@ class MockSection(Section):
     generate_if_missing: bool = False
     n_train: PositiveInt = 256
     n_valid: PositiveInt = 64
-    box_size_mpc_h: PositiveFloat = Field(256.0, description="comoving box side in Mpc/h")
+    box_size_mpc_h: PositiveFloat = Field(256.0, description="comoving box side in Mpc/h", json_schema_extra=MEANING)
     particles_per_voxel_side: PositiveInt = Field(2, description="particle lattice is this many times finer than the grid")
-    redshifts: list[NonNegativeFloat] = Field(default_factory=lambda: [3.0, 1.5, 0.5, 0.0])
+    redshifts: list[NonNegativeFloat] = Field(default_factory=lambda: [3.0, 1.5, 0.5, 0.0],
+                                              description="the redshift of each input channel",
+                                              json_schema_extra=MEANING)
     seed: NonNegativeInt = Field(1234, description="NumPy seed of every sample (a whole number of at least 0)")
     # Parameter ranges around Planck 2018; the targets are normalised to [-1, 1] over them.
-    omega_m_range: tuple[PositiveFloat, PositiveFloat] = (0.20, 0.40)
-    sigma_8_range: tuple[PositiveFloat, PositiveFloat] = (0.60, 1.00)
-    n_s_range: tuple[PositiveFloat, PositiveFloat] = (0.90, 1.02)
-    h0_range: tuple[PositiveFloat, PositiveFloat] = (60.0, 80.0)
+    omega_m_range: tuple[PositiveFloat, PositiveFloat] = Field((0.20, 0.40), json_schema_extra=MEANING)
+    sigma_8_range: tuple[PositiveFloat, PositiveFloat] = Field((0.60, 1.00), json_schema_extra=MEANING)
+    n_s_range: tuple[PositiveFloat, PositiveFloat] = Field((0.90, 1.02), json_schema_extra=MEANING)
+    h0_range: tuple[PositiveFloat, PositiveFloat] = Field((60.0, 80.0), json_schema_extra=MEANING)
 
 
 class CosmoDataSection(DataSection):
@@ -39,15 +41,18 @@ class CosmoDataSection(DataSection):
     n_train: PositiveInt | None = Field(None, description="training samples to use (default: all present)")
     n_valid: PositiveInt | None = Field(None, description="validation samples to use (default: all present)")
     target_names: list[TargetName] = Field(default_factory=lambda: list(TARGET_NAMES),
-                                           description="the targets the network predicts, in this order")
+                                           description="the targets the network predicts, in this order",
+                                           json_schema_extra=MEANING)
     file_target_names: list[TargetName] | None = Field(
         None, description="the order of the targets in the files; default: the raw files' namePar where present, "
-                          "else Omega_m, sigma_8, n_s, H0 (the MLPerf data)")
+                          "else Omega_m, sigma_8, n_s, H0 (the MLPerf data)", json_schema_extra=MEANING)
     target_offset: list[float] | None = Field(
         None, description="targets -> (y - offset) / scale, one value per file target (SC18 records hold "
-                          "physical values: its zsAVG); default: none (unitPar are already in [-1, 1])")
-    target_scale: list[PositiveFloat] | None = Field(None, description="see target_offset (SC18: zsSTD)")
-    apply_log: bool = Field(True, description="x -> log(1 + x); else x / mean(x)")
+                          "physical values: its zsAVG); default: none (unitPar are already in [-1, 1])",
+        json_schema_extra=MEANING)
+    target_scale: list[PositiveFloat] | None = Field(None, description="see target_offset (SC18: zsSTD)",
+                                                     json_schema_extra=MEANING)
+    apply_log: bool = Field(True, description="x -> log(1 + x); else x / mean(x)", json_schema_extra=MEANING)
     augment: bool = Field(False, description="random flips and axis permutations (isotropy)")
     random_shift: bool = Field(False, description="training rolls each volume by a random offset along each spatial "
                                                   "axis (the mocks are periodic boxes: a shifted box is another "
@@ -130,9 +135,10 @@ class CosmoModelSection(Section):
 
 
 class CosmoflowConfig(AppConfig):
-    # the input transform, the targets' order and scale, and the box the summaries' k bins are in
-    NETWORK_DATA_KEYS = ("data.apply_log", "data.target_names", "data.file_target_names", "data.target_offset",
-                         "data.target_scale", "data.mock.box_size_mpc_h")
-
+    # Marked MEANING (common.config), checked on resume: the input transform (data.apply_log), what each input
+    # channel is (data.mock.redshifts), the targets' order and scale (data.target_names, data.file_target_names,
+    # data.target_offset, data.target_scale), the parameter ranges the unitPar outputs stand for
+    # (data.mock.*_range: cosmoflow.predict maps the outputs onto them), and the box the summaries' k bins are in
+    # (data.mock.box_size_mpc_h).
     data: CosmoDataSection
     model: CosmoModelSection = Field(default_factory=CosmoModelSection)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from common.config import AppConfig, DataSection, Section
+from common.config import MEANING, AppConfig, DataSection, Section
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +27,17 @@ class SynthSection(Section):
 class HepDataSection(DataSection):
     layout: Literal["auto", "all_events", "benchmark"] = Field(
         "auto", description="file layout; auto: told by each file's datasets (all_events/ group or root data)")
-    image_size: PositiveInt = Field(64, description="eta x phi bins (64: |eta| < 2.5; 224: |eta| < 5)")
-    channels: Literal[1, 3] = Field(3, description="1: calorimeter energy; 3: + EM energy + track count")
+    image_size: PositiveInt = Field(64, description="eta x phi bins (64: |eta| < 2.5; 224: |eta| < 5)",
+                                    json_schema_extra=MEANING)
+    channels: Literal[1, 3] = Field(3, description="1: calorimeter energy; 3: + EM energy + track count",
+                                    json_schema_extra=MEANING)
     split: Literal["by_name", "fractions"] = Field(
         "by_name", description="files named *train*/*val*/*test*, or one event list cut by data.fractions")
     fractions: tuple[PositiveFloat, PositiveFloat, PositiveFloat] = (0.8, 0.1, 0.1)
     chunk_size: PositiveInt = Field(256, description="events per HDF5 read")
     shuffle_buffer: NonNegativeInt = Field(2048, description="events in the shuffle buffer after reading")
-    scale_by_maxima: bool = Field(True, description="divide each channel by its training-set maximum")
+    scale_by_maxima: bool = Field(True, description="divide each channel by its training-set maximum",
+                                  json_schema_extra=MEANING)
     maxima_file: str = Field("channel_maxima.json", description="written into data.derived_dir by python -m hep_cnn.maxima")
     weight_normalization: Literal["none", "max", "log1p"] = Field(
         "max", description="event weights: none, divided by the training maximum, or log1p")
@@ -81,6 +84,10 @@ class HepLossSection(Section):
 
 
 class HepConfig(AppConfig):
+    # Marked MEANING (common.config), checked on resume: what a pixel covers of the detector (data.image_size:
+    # 64 bins span |eta| < 2.5, 224 span |eta| < 5), what each input channel is (data.channels) and the input
+    # transform (data.scale_by_maxima).  Not data.weight_normalization: it rescales the event weights only the
+    # loss uses (loss.weighted), a training choice like the learning rate; the evaluation weighs by the raw ones.
     data: HepDataSection
     model: HepModelSection = Field(default_factory=HepModelSection)
     loss: HepLossSection = Field(default_factory=HepLossSection)

@@ -6,9 +6,12 @@ import pytest
 import yaml
 
 import common.config
+from common import registry
 from common.cli import find_application
-from common.config import MAX_ALIASED_NODES, instance_configs, load_config, read_yaml, save_config
-from common.errors import ConfigError
+from common.config import (MAX_ALIASED_NODES, instance_configs, load_config, meaning_keys, network_data_record,
+                           read_yaml, save_config)
+from common.errors import ConfigError, UserInputError
+from common.storage.checkpoint import check_compatible
 from cosmoflow.config import CosmoflowConfig
 from conftest import REPO, run_python
 
@@ -261,3 +264,59 @@ def test_a_task_that_is_not_one_of_the_tasks_is_one_line(tmp_path, task):
     path.write_text(f"task: {task}\ndata: {{data_dir: /d}}\n")
     with pytest.raises(ConfigError, match=r"task: expected one of 'segmentation', 'detection', got "):
         find_application(str(path), "climate_seg")
+
+
+# -- what a checkpoint's weights mean: the schema fields marked MEANING, checked on resume ---------------
+
+# Written out by hand on purpose: the schemas are the source, this pins them (a field marked or unmarked by
+# mistake shows here), and a newly registered application must say its own.
+MEANING_KEYS = {
+    "cosmoflow": ("data.target_names", "data.file_target_names", "data.target_offset", "data.target_scale",
+                  "data.apply_log", "data.mock.box_size_mpc_h", "data.mock.redshifts", "data.mock.omega_m_range",
+                  "data.mock.sigma_8_range", "data.mock.n_s_range", "data.mock.h0_range"),
+    "hep_cnn": ("data.image_size", "data.channels", "data.scale_by_maxima"),
+    "climate_seg": ("data.downsample", "data.normalization"),
+    "climate_detection": ("data.grid", "data.file_channels", "data.channels", "data.box_columns", "data.box_classes",
+                          "data.normalization"),
+}
+
+
+def test_every_application_marks_the_fields_its_weights_mean():
+    marked = {application.name: meaning_keys(application.config_schema)
+              for package in registry.names() for application in registry.applications(package)}
+    assert marked == MEANING_KEYS
+
+
+def resume_record(cfg) -> dict:
+    """The part of a checkpoint's record that says which network its weights belong to (as
+    common.trainer._resume_record writes it)."""
+    return {"model": {**cfg.model.model_dump(mode="json"), **network_data_record(cfg)}}
+
+
+def cosmoflow_config(*overrides):
+    return load_config(CosmoflowConfig, None, list(overrides), defaults={"data": {"data_dir": "/d"}})
+
+
+@pytest.mark.parametrize("override, named", [
+    # the parameter range the unitPar outputs stand for (cosmoflow.predict maps them onto it): was resumed silently
+    ("data.mock.omega_m_range=[0.1, 0.5]", "data.mock.omega_m_range [0.2, 0.4], this run has [0.1, 0.5]"),
+    ("model.base_filters=8", "model.base_filters 32, this run has 8"),
+])
+def test_a_resume_that_changed_what_the_weights_mean_is_refused_naming_the_key(override, named):
+    written = resume_record(cosmoflow_config())
+    with pytest.raises(UserInputError) as refused:
+        check_compatible("ckpt-epoch-00001.npz", written, {}, [], [], resume_record(cosmoflow_config(override)))
+    assert str(refused.value).startswith(f"ckpt-epoch-00001.npz: written with {named} (the network its weights "
+                                         "belong to); not resumed")
+
+
+def test_a_checkpoint_written_before_a_field_was_marked_is_compared_on_the_fields_it_records():
+    written = resume_record(cosmoflow_config())
+    for key in ("data.mock.redshifts", "data.mock.omega_m_range", "data.mock.sigma_8_range", "data.mock.n_s_range",
+                "data.mock.h0_range"):
+        del written["model"][key]   # what a checkpoint recorded before the ranges were marked
+    check_compatible("ckpt-epoch-00001.npz", written, {}, [], [],
+                     resume_record(cosmoflow_config("data.mock.omega_m_range=[0.1, 0.5]")))
+    with pytest.raises(UserInputError, match=r"written with data\.apply_log True, this run has False"):
+        check_compatible("ckpt-epoch-00001.npz", written, {}, [], [],
+                         resume_record(cosmoflow_config("data.apply_log=false")))

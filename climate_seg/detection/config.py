@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
 
 from climate_seg.cam5.config import EXTREMEWEATHER_CHANNELS, FULL_GRID, DetectSynthSection
-from common.config import AppConfig, DataSection, Section
+from common.config import MEANING, AppConfig, DataSection, Section
 
 BOX_COLUMNS = ("ymin", "xmin", "ymax", "xmax", "class")   # the order used inside the suite (y: rows)
 # The ExtremeWeather writer's column order (hur-detect util.py: [xmin, xmax, ymin, ymax, category] with its x
@@ -20,19 +20,23 @@ class DetectDataSection(DataSection):
     """ExtremeWeather-layout HDF5 files in ``data_dir/{train,validation,test}/``: ``images`` (N, C, H, W),
     ``boxes`` (N, 15, 5) padded with -1, optional ``labeled`` (N,)."""
 
-    grid: tuple[PositiveInt, PositiveInt] = Field(FULL_GRID, description="(H, W) of the images")
+    grid: tuple[PositiveInt, PositiveInt] = Field(FULL_GRID, description="(H, W) of the images",
+                                                  json_schema_extra=MEANING)
     file_channels: list[str] = Field(default_factory=lambda: list(EXTREMEWEATHER_CHANNELS),
-                                     description="the files' channel order, by name")
+                                     description="the files' channel order, by name", json_schema_extra=MEANING)
     channels: list[str] = Field(default_factory=lambda: list(EXTREMEWEATHER_CHANNELS),
-                                description="channels fed to the network, selected and ordered by name")
+                                description="channels fed to the network, selected and ordered by name",
+                                json_schema_extra=MEANING)
     box_columns: list[Literal["ymin", "xmin", "ymax", "xmax", "class"]] = Field(
         default_factory=lambda: list(FILE_BOX_COLUMNS),
         description="meaning of the 5 columns of boxes (y: rows, the first image axis); default: the "
-                    "ExtremeWeather writer's [row min, row max, column min, column max, class]")
+                    "ExtremeWeather writer's [row min, row max, column min, column max, class]",
+        json_schema_extra=MEANING)
     box_classes: Literal["auto", "0-3", "1-4"] = Field(
         "auto", description="class numbering of the files: 0-3 (hur-detect keras-tf) or 1-4 (its older master); "
-                            "auto: told by the training boxes (an error when they cannot tell)")
-    normalization: Literal["minmax", "zscore"] = "zscore"
+                            "auto: told by the training boxes (an error when they cannot tell)",
+        json_schema_extra=MEANING)
+    normalization: Literal["minmax", "zscore"] = Field("zscore", json_schema_extra=MEANING)
     stats_file: str = Field("stats.h5", description="per-channel statistics (file channel order), in data_dir")
     labeled_fraction: float = Field(1.0, gt=0.0, le=1.0,
                                     description="keep labels on this fraction of the labeled training samples "
@@ -100,6 +104,10 @@ class DetectEvalSection(Section):
 
 
 class DetectConfig(AppConfig):
+    # Marked MEANING (common.config), checked on resume: what each input channel is (data.channels, picked by
+    # name from data.file_channels), the input transform (data.normalization), the grid the boxes' pixel
+    # positions and sizes are on (data.grid: predict takes only fields on it), and what the box targets are
+    # (data.box_columns: which column is a row or a column edge; data.box_classes: which class each number is).
     task: Literal["detection"]
     data: DetectDataSection
     model: DetectModelSection = Field(default_factory=DetectModelSection)

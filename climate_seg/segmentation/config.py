@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from climate_seg.cam5.config import CHANNELS, CLASS_NAMES, FULL_GRID, SynthSection
-from common.config import AppConfig, DataSection, Section
+from common.config import MEANING, AppConfig, DataSection, Section
 
 
 class ClimateDataSection(DataSection):
@@ -15,10 +15,11 @@ class ClimateDataSection(DataSection):
     ``data_dir/{train,validation,test}/``, statistics in ``data_dir/stats.h5``."""
 
     grid: tuple[PositiveInt, PositiveInt] = Field(FULL_GRID, description="(lat, lon) points of the files")
-    downsample: PositiveInt = Field(1, description="average-pool the fields, sample the labels, by this factor")
+    downsample: PositiveInt = Field(1, description="average-pool the fields, sample the labels, by this factor",
+                                    json_schema_extra=MEANING)
     crop: tuple[PositiveInt, PositiveInt] | None = Field(
         None, description="(h, w) after downsampling: random crops in training, centre crops otherwise")
-    normalization: Literal["minmax", "zscore"] = "minmax"
+    normalization: Literal["minmax", "zscore"] = Field("minmax", json_schema_extra=MEANING)
     stats_file: str = Field("stats.h5", description="per-channel statistics, relative to data_dir")
     n_train: PositiveInt | None = Field(None, description="training samples to use (default: all present)")
     n_validation: PositiveInt | None = None
@@ -114,6 +115,10 @@ class ClimateLossSection(Section):
 
 
 class ClimateConfig(AppConfig):
+    # Marked MEANING (common.config), checked on resume: the input transform (data.normalization) and the grid
+    # points one input and one output pixel stand for (data.downsample: one class per k x k block).  The 16
+    # channels are fixed (cam5.config.CHANNELS); data.grid is the files' extent, not the network's (predict
+    # tiles fields of any grid), and data.crop only the training window of a fully convolutional network.
     task: Literal["segmentation"] = "segmentation"
     data: ClimateDataSection
     model: ClimateModelSection = Field(default_factory=ClimateModelSection)

@@ -235,7 +235,8 @@ def check_compatible(path, state: dict, arrays: dict, model_variables, optimizer
             # keys both know (a later version's new keys leave an older checkpoint resumable)
             changed = [k for k in sorted(set(state[key]) & set(expected[key])) if state[key][k] != expected[key][k]]
             if changed:
-                said = "; ".join(f"{k if k.startswith('data.') else 'model.' + k} {state[key][k]!r}, this run has "
+                # a model section key is bare (base_filters); a field marked as meaning is dotted (data.mock.h0_range)
+                said = "; ".join(f"{k if '.' in k else 'model.' + k} {state[key][k]!r}, this run has "
                                  f"{expected[key][k]!r}" for k in changed[:3])
                 said += f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
                 raise UserInputError(f"{path}: written with {said} (the network its weights belong to); not "
