@@ -65,7 +65,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from common.cli import exit_on_user_error
+from common.cli import exit_on_user_error, positive_int_argument, positive_number_argument
 from common.config import load_config
 from common.errors import ConfigError
 from common.storage.outputs import check_output_file, write_json
@@ -252,6 +252,12 @@ def bound_rows(fisher: np.ndarray, mock, known: tuple[str, ...] = ()) -> dict:
         out[name] = {"sigma": errors[name], "sigma_normalised": normalised, "best_mae": float(best[j]),
                      "best_mae_alone": posterior_mean_mae(normalised)}
     return out
+
+
+def smallest_wavenumber(cfg) -> float:
+    """The box's fundamental mode in h/Mpc, as :func:`mode_counts` computes it (a --k-max below it keeps none)."""
+    k, _ = wavenumbers(cfg.data.sample_shape[0], cfg.data.mock.box_size_mpc_h)
+    return float(np.min(k[k > 0]))
 
 
 def fisher_report(cfg, k_max: float | None = None, known: tuple[str, ...] = ()) -> dict:
@@ -454,6 +460,15 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def train_sizes_argument(text: str) -> list[int]:
+    """argparse type of ``--train-sizes``: :func:`parse_sizes`, its refusal argparse's one-line error naming the
+    option, so that a bad list is refused before the Fisher bound and the mocks are made, not after."""
+    try:
+        return parse_sizes(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--train-sizes: ")) from None
+
+
 PART_LABELS = {"power": "log P(k)", "log_power": "log P(k) of log(1 + counts/mean)",
                "cross": "cross-correlations and growth ratios", "one_point": "one-point statistics"}
 
@@ -472,9 +487,7 @@ def regression_report(cfg, args, parts: tuple[str, ...], report: dict) -> None:
     """The ridge regressions (and learning curves) of every :func:`feature_sets` entry, into ``report``."""
     if cfg.data.mock.generate_if_missing:
         ensure_mock_data(cfg)
-    sizes = parse_sizes(args.train_sizes) if args.train_sizes else []
-    if args.repeats < 1:
-        raise ConfigError(f"--repeats: expected at least 1, got {args.repeats}")
+    sizes = args.train_sizes or []
     computed = tuple(part for part in SUMMARY_PARTS if part == "power" or part in parts)
     train_parts, train_y = split_features(cfg, "train", args.bins, computed)
     valid_parts, valid_y = split_features(cfg, "validation", args.bins, computed)
@@ -641,36 +654,48 @@ def summary_fisher_report(cfg, args, parts: tuple[str, ...], report: dict, store
               f"(linear Fisher: {linear:.3f})")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; every number is checked by its type (0, a negative, nan: argparse's one-line error
+    naming the option, before any work)."""
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.information", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    parser.add_argument("--k-max", type=float, help="Fisher: largest wavenumber used, h/Mpc (default: Nyquist)")
+    parser.add_argument("--k-max", type=positive_number_argument,
+                        help="Fisher: largest wavenumber used, h/Mpc (default: Nyquist)")
     parser.add_argument("--known", action="append", default=[], choices=TARGET_NAMES,
                         help="Fisher: hold this parameter fixed (repeatable)")
-    parser.add_argument("--bins", type=int, default=8, help="summaries: k bins per redshift channel")
+    parser.add_argument("--bins", type=positive_int_argument, default=8, help="summaries: k bins per redshift channel")
     parser.add_argument("--features", default="power",
                         help=f"summaries: parts of {', '.join(SUMMARY_PARTS)} joined by '+' (pdf: one_point), or all; "
                              "the regression reports power, each part alone and all of them together")
-    parser.add_argument("--train-sizes", help="regression: learning curve on these training-set sizes, e.g. 256,512,1024")
-    parser.add_argument("--repeats", type=int, default=3, help="learning curve: fits per size (the first n, then random draws)")
+    parser.add_argument("--train-sizes", type=train_sizes_argument,
+                        help="regression: learning curve on these training-set sizes, e.g. 256,512,1024")
+    parser.add_argument("--repeats", type=positive_int_argument, default=3,
+                        help="learning curve: fits per size (the first n, then random draws)")
     parser.add_argument("--fisher-only", action="store_true", help="skip the regression (needs no data)")
     parser.add_argument("--summary-fisher", action="store_true",
                         help="the Fisher bound of the --features summaries from mocks at the fiducial and +- a step "
                              "(skips the regression; needs no data)")
-    parser.add_argument("--fisher-mocks", type=int, default=256,
+    parser.add_argument("--fisher-mocks", type=positive_int_argument, default=256,
                         help="summary Fisher: seeds (each 9 mocks); more than the summaries' count + 2")
     parser.add_argument("--fisher-matrix", metavar="JSON",
                         help="summary Fisher: the matrix of an earlier --json of --summary-fisher with the same "
                              "options, its bounds computed again (no mocks)")
     parser.add_argument("--json", help="also write the numbers to this file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     with exit_on_user_error():
         cfg = load_config(CosmoflowConfig, args.config, args.set)
         parts = parse_features(args.features)
-        if args.bins < 1:
-            raise ConfigError(f"--bins: expected at least 1 k bin per redshift channel, got {args.bins}")
+        fundamental = smallest_wavenumber(cfg)
+        if args.k_max is not None and args.k_max < fundamental:
+            raise ConfigError(f"--k-max: {args.k_max:g} h/Mpc is below the box's fundamental mode {fundamental:.4g} "
+                              f"h/Mpc (2 pi / data.mock.box_size_mpc_h={cfg.data.mock.box_size_mpc_h:g}): the bound "
+                              "would use no Fourier mode")
         if args.summary_fisher and args.fisher_mocks < 2:
             raise ConfigError(f"--fisher-mocks: expected at least 2, got {args.fisher_mocks}")
         if args.fisher_matrix is not None and not args.summary_fisher:

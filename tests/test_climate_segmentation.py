@@ -113,8 +113,9 @@ def test_logits_are_float32_under_bf16_and_dry_run_reports_full_size(tmp_path):
 
 # -- conversion -----------------------------------------------------------------------------
 
-def write_cam5(path, fields: np.ndarray, labels=None, skip=(), lat_override=None, start_hour=0.0):
-    """A CAM5-style netCDF file: fields (time, lat, lon, 16) in CHANNELS order."""
+def write_cam5(path, fields: np.ndarray, labels=None, skip=(), lat_override=None, start_hour=0.0, fill_value=None):
+    """A CAM5-style netCDF file: fields (time, lat, lon, 16) in CHANNELS order (each variable's ``_FillValue``
+    ``fill_value``, where given)."""
     steps, nlat, nlon, _ = fields.shape
     with netCDF4.Dataset(path, "w") as nc:
         nc.createDimension("time", None)
@@ -129,7 +130,7 @@ def write_cam5(path, fields: np.ndarray, labels=None, skip=(), lat_override=None
             if name in skip:
                 continue
             dims = ("time", "lat2", "lon") if name == lat_override else ("time", "lat", "lon")
-            var = nc.createVariable(name, "f4", dims)
+            var = nc.createVariable(name, "f4", dims, fill_value=fill_value)
             values = fields[..., CHANNELS.index(name)]
             if name == lat_override:
                 values = np.concatenate([values, values[:, :1]], axis=1)
@@ -176,6 +177,7 @@ def test_convert_netcdf_to_hdf5_in_channel_order(tmp_path):
     ("labels", r"a\.nc: no label variable 'LABELS'"),
     ("label_values", r"a\.nc: label variable LABELS holds values \[7\]"),
     ("nan", r"a\.nc: NaN, Inf or fill values in TMQ at time step 1"),
+    ("fill", r"a\.nc: NaN, Inf or fill values in TMQ at time step 1"),   # a finite _FillValue is no field value
     ("other_grid", r"b\.nc: fields on a 4 x 12 grid, but the first input is on 8 x 12"),
 ])
 def test_convert_rejects_bad_input_naming_file_and_variable(tmp_path, case, pattern):
@@ -194,6 +196,9 @@ def test_convert_rejects_bad_input_naming_file_and_variable(tmp_path, case, patt
     elif case == "nan":
         fields[1, 0, 0, 0] = np.nan
         write_cam5(tmp_path / "a.nc", fields, labels)
+    elif case == "fill":
+        fields[1, 0, 0, 0] = 1e20
+        write_cam5(tmp_path / "a.nc", fields, labels, fill_value=np.float32(1e20))
     else:
         write_cam5(tmp_path / "a.nc", fields, labels)
         write_cam5(tmp_path / "b.nc", fields[:, :4], labels[:, :4], start_hour=100.0)

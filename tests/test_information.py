@@ -10,7 +10,7 @@ import pytest
 
 from cosmoflow.config import MockSection
 from common.errors import ConfigError
-from cosmoflow.information import (PENALTIES, fiducial, fisher_from_summaries, learning_curve,
+from cosmoflow.information import (PENALTIES, build_parser, fiducial, fisher_from_summaries, learning_curve,
                                    linear_fisher, marginal_errors, mode_counts, one_point_features, parse_features,
                                    parse_sizes, posterior_mean_mae, spectrum_features, spectrum_regression,
                                    summary_fisher, box_posterior_mae)
@@ -174,6 +174,23 @@ def test_train_sizes_are_parsed_or_refused_in_one_line():
             parse_sizes(bad)
 
 
+@pytest.mark.parametrize("option", ["--k-max", "--bins", "--repeats", "--fisher-mocks", "--train-sizes"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_every_number_is_refused_by_argparse_naming_its_option(option, value, capsys):
+    """0, a negative, nan or inf: argparse's one-line error naming the option, exit 2, before the config is read."""
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["--config", "configs/cosmoflow/demo.yaml", option, value])
+    assert refused.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"python -m cosmoflow.information: error: argument {option}: "), error
+
+
+def test_numbers_in_their_domain_are_taken():
+    args = build_parser().parse_args(["--config", "c.yaml", "--k-max", "0.5", "--bins", "1", "--repeats", "1",
+                                      "--fisher-mocks", "2", "--train-sizes", "2,16"])
+    assert (args.k_max, args.bins, args.repeats, args.fisher_mocks, args.train_sizes) == (0.5, 1, 1, 2, [2, 16])
+
+
 def test_regression_on_mock_spectra_end_to_end(tmp_path):
     from cosmoflow.mock import generate_dataset
 
@@ -300,7 +317,7 @@ def test_summary_fisher_of_tiny_mocks_is_positive_definite(tmp_path):
 
 
 def test_bad_json_and_fisher_mocks_are_refused_before_any_work(tmp_path):
-    """--json and --fisher-mocks are checked before the bounds are computed: one line, exit 2, nothing printed
+    """--json, --fisher-mocks and --k-max are checked before the bounds are computed: one line, exit 2, nothing printed
     before it, a user's file as it was."""
     users = tmp_path / "user.json"
     users.write_text('{"mine": 1}\n')
@@ -308,7 +325,8 @@ def test_bad_json_and_fisher_mocks_are_refused_before_any_work(tmp_path):
     cases = [(["--fisher-only", "--json", str(users)], f"{users}: exists and was not written by this suite"),
              (["--fisher-only", "--json", str(tmp_path / "folder")], "--json names a folder"),
              (["--fisher-only", "--json", str(tmp_path / "missing" / "x.json")], "folder not found"),
-             (["--summary-fisher", "--fisher-mocks", "1"], "--fisher-mocks: expected at least 2, got 1")]
+             (["--summary-fisher", "--fisher-mocks", "1"], "--fisher-mocks: expected at least 2, got 1"),
+             (["--fisher-only", "--k-max", "0.02"], "--k-max: 0.02 h/Mpc is below the box's fundamental mode")]
     for extra, expected in cases:
         result = run_python(["-m", "cosmoflow.information", "--config", "configs/cosmoflow/demo.yaml", *extra],
                             check=False)

@@ -106,8 +106,10 @@ def without_labels(test_file, path) -> None:
         f["images"] = source["images"][()]
 
 
-def as_cam5(test_file, path, lon_shift: float = 0.0, drop: str | None = None, grid=GRID) -> None:
-    """The snapshots of ``test_file`` as a CAM5 netCDF file: (time, lat, lon) variables, a noleap CF time axis."""
+def as_cam5(test_file, path, lon_shift: float = 0.0, drop: str | None = None, grid=GRID,
+            fill: tuple[str, int] | None = None) -> None:
+    """The snapshots of ``test_file`` as a CAM5 netCDF file: (time, lat, lon) variables, a noleap CF time axis;
+    ``fill``: (variable, step) whose point (1, 2) holds the variable's ``_FillValue`` (1e20, finite)."""
     with h5py.File(test_file, "r") as source:
         images = source["images"][()]
     lat, lon = grid_coordinates(*GRID)
@@ -122,7 +124,10 @@ def as_cam5(test_file, path, lon_shift: float = 0.0, drop: str | None = None, gr
         nc.createVariable("lon", "f8", ("lon",))[:] = (lon + lon_shift)[:grid[1]]
         for k, name in enumerate(EXTREMEWEATHER_CHANNELS):
             if name != drop:
-                nc.createVariable(name, "f4", ("time", "lat", "lon"))[:] = images[:, k, :grid[0], :grid[1]]
+                variable = nc.createVariable(name, "f4", ("time", "lat", "lon"), fill_value=np.float32(1e20))
+                variable[:] = images[:, k, :grid[0], :grid[1]]
+                if fill is not None and fill[0] == name:
+                    variable[fill[1], 1, 2] = np.ma.masked   # written as the _FillValue
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +199,28 @@ def test_3d_windows_as_training_takes_them(tmp_path):
     recomputed = average_precisions(predictions, true_boxes(test_file)[:6])
     assert recomputed["ap"] == metrics["ap"] and recomputed["map"] == metrics["map"]
     assert any(int(row["step"]) >= 6 for row in rows) or metrics["n_predicted_boxes"] == 0
+
+
+def test_fill_values_and_nan_images_are_refused_naming_the_variable_and_step(trained, tmp_path):
+    """A CAM5 netCDF input whose PSL holds its (finite) _FillValue at one point of step 5, and an ExtremeWeather
+    file with a NaN in one snapshot: one line naming the file (the variable and the step), exit 2, nothing
+    written to --out, though the first batch of snapshots was good and predicted."""
+    root, run, test_file = trained
+    filled = tmp_path / "inputs" / "filled.nc"
+    filled.parent.mkdir()
+    as_cam5(test_file, filled, fill=("PSL", 5))
+    with netCDF4.Dataset(filled) as nc:   # what a reader that does not mask would take for a pressure
+        nc.set_auto_mask(False)
+        assert nc.variables["PSL"][5, 1, 2] == np.float32(1e20)
+    nan = tmp_path / "inputs" / "nan.h5"
+    with h5py.File(test_file, "r") as source, h5py.File(nan, "w") as f:
+        images = source["images"][()]
+        images[6, 0, 3, 4] = np.nan
+        f["images"] = images
+    cases = [(run, [filled], tmp_path / "out", f"{filled}: NaN, Inf or fill values in PSL at time step 5"),
+             (run, [nan], tmp_path / "out", f"{nan}: images[6] hold NaN or Inf")]
+    assert_predict_refuses("climate_seg", cases, watched=[root])
+    assert not (tmp_path / "out").exists()
 
 
 def test_refusals_are_one_line_and_change_nothing(trained, new_inputs, tmp_path):

@@ -5,6 +5,7 @@ nothing changed)."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import shutil
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from common.errors import UserInputError
 from common.storage.outputs import mark_run_dir
 from hep_cnn.synth import generate_dataset, write_all_events, write_benchmark
 from conftest import assert_predict_refuses, run_python
@@ -243,6 +245,41 @@ def test_the_default_working_point_needs_the_validation_split(trained, tmp_path)
     assert not (tmp_path / "out").exists()   # refused before the claim (the working point is prepare's)
     predict(moved, [source], tmp_path / "out", "--threshold", "0.5")
     assert (tmp_path / "out" / f"{source.stem}.scores.h5").is_file()
+
+
+def test_a_validation_split_of_one_class_needs_threshold(trained, tmp_path):
+    """The run pointed (its config.yaml's data.data_dir) at a folder whose validation files hold signal events
+    only: the default working point and --background-efficiency are refused in one line naming the folder, its
+    files and the class missing (exit 2, --out not made); --threshold predicts without the split."""
+    from common.predict import predict_files, predictor_of   # TensorFlow: in the test, not at collection
+
+    run, data = trained["run"], trained["data"]
+    source = sorted(data.glob("test_*.h5"))[0]
+    signal_only = tmp_path / "signal-only"
+    signal_only.mkdir()
+    for path in sorted(data.glob("val_*.h5")):
+        given = columns_of(path)
+        keep = given["label"] == 1
+        with h5py.File(path, "r") as f:
+            images = np.stack([f[f"all_events/{k}"][()] for k in ("hist", "histEM", "histtrack")], axis=1)
+        write_all_events(signal_only / path.name, images[keep], given["label"][keep], given["weight"][keep],
+                         given["pass_sr"][keep])
+    moved = tmp_path / "run-on-signal-only"
+    moved.mkdir()
+    shutil.copy(run / "model.keras", moved / "model.keras")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"]["data_dir"] = str(signal_only)   # the maxima stay where data.derived_dir says
+    (moved / "config.yaml").write_text(yaml.safe_dump(config))
+    words = [f"{signal_only} (the run's validation split: val_", "holds no background events (label 0)",
+             "--threshold T"]
+    assert_predict_refuses("hep_cnn", [(moved, [source], tmp_path / "out", words)])
+    with pytest.raises(UserInputError, match="--background-efficiency needs both classes") as refused:
+        predict_files(predictor_of("hep_cnn", moved), moved, [source], tmp_path / "out",
+                      options=argparse.Namespace(background_efficiency=0.1, threshold=None))
+    assert str(refused.value).startswith(f"{signal_only} (") and "\n" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
+    predict(moved, [source], tmp_path / "out", "--threshold", "0.5")
+    assert read_hdf5(tmp_path / "out" / f"{source.stem}.scores.h5")[1]["threshold"] == 0.5
 
 
 def test_a_file_that_fails_while_read_is_one_line_and_leaves_no_output(trained, tmp_path):

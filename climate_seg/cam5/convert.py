@@ -15,8 +15,8 @@ in the channel order of :data:`climate_seg.cam5.config.CHANNELS` and
 pipeline can read them without HDF5 (see :mod:`climate_seg.segmentation.data`).
 
 A missing variable, a variable on another grid, labels of the wrong shape or
-with values outside {0, 1, 2}, or NaNs are one-line errors naming the file
-and the variable; nothing is written for a file that fails.
+with values outside {0, 1, 2}, or NaN, Inf or fill values are one-line errors
+naming the file and the variable; nothing is written for a file that fails.
 """
 
 from __future__ import annotations
@@ -52,6 +52,33 @@ def check_axes(variable, path) -> None:
     dims = tuple(variable.dimensions)
     if len(dims) != 3 or "lat" not in dims[1].lower() or "lon" not in dims[2].lower():
         raise DataError(f"{path}: variable {variable.name} has dims {dims}, expected (time, lat, lon) in that order")
+
+
+def read_steps(nc: netCDF4.Dataset, names, start: int, stop: int, path) -> list[np.ndarray]:
+    """Variables ``names`` at time steps ``start`` .. ``stop`` - 1, one float32 (time, lat, lon) array each; a
+    one-line DataError naming the file, the variables and the first step holding NaN, Inf or fill values.
+
+    Read through netCDF4's mask whatever the dataset's setting (restored after): with it off, a finite
+    ``_FillValue`` or ``missing_value`` reads as a number and would be trained on or predicted from as if it
+    were a field value.  Convert and both tasks' predict read CAM5 fields through it."""
+    values, bad = [], []
+    for name in names:
+        variable = nc.variables[name]
+        masked = variable.mask
+        variable.set_auto_mask(True)
+        try:
+            value = variable[start:stop]
+        finally:
+            variable.set_auto_mask(masked)
+        data = np.asarray(np.ma.getdata(value), np.float32)
+        bad.append(np.any(np.ma.getmaskarray(value) | ~np.isfinite(data), axis=(1, 2)))
+        values.append(data)
+    bad_steps = np.flatnonzero(np.any(bad, axis=0))
+    if len(bad_steps):
+        step = int(bad_steps[0])
+        found = [name for name, flags in zip(names, bad) if flags[step]]
+        raise DataError(f"{path}: NaN, Inf or fill values in {', '.join(found)} at time step {start + step}")
+    return values
 
 
 def _grid_of(nc: netCDF4.Dataset, path: str) -> tuple[int, int, int]:
@@ -138,11 +165,7 @@ def convert_file(path: str, out_dir: pathlib.Path, labels_path: str | None, labe
         # Check every step before writing any, so a bad file leaves nothing behind.
         steps = []
         for t in range(shape[0]):
-            data = np.stack([np.asarray(nc.variables[name][t], np.float32) for name in CHANNELS], axis=-1)
-            bad = [name for i, name in enumerate(CHANNELS) if not np.all(np.isfinite(data[..., i]))]
-            if bad:
-                raise DataError(f"{path}: NaN, Inf or fill values in {', '.join(bad)} at time step {t}")
-            steps.append(data)
+            steps.append(np.stack([v[0] for v in read_steps(nc, CHANNELS, t, t + 1, path)], axis=-1))
     written = []
     for name, data, mask in zip(names, steps, labels):
         target = out_dir / f"{name}.h5"

@@ -8,7 +8,8 @@ Inputs (checked before anything is written; a one-line error naming the file oth
   ``boxes`` and ``labeled`` are not needed).  These files carry no coordinates: boxes are put on the grid of
   :func:`climate_seg.cam5.synth.grid_coordinates` (:data:`ASSUMED_GRID`), and each output says so;
 - CAM5 netCDF holding the run's ``data.channels`` as ``(time, lat, lon)`` variables on ``data.grid``; its
-  own ``lat`` / ``lon`` (cell centres) and CF ``time`` are used when it has them.
+  own ``lat`` / ``lon`` (cell centres) and CF ``time`` are used when it has them.  NaN, Inf or fill values
+  (``_FillValue``, ``missing_value``) are refused as the snapshots are read, naming the variable and the step.
 
 Each snapshot is normalised with the run's channel statistics (never the new data's) and read in the order
 of the file through the engine's ordered walk; the 3D variant takes the windows of ``model.time_steps``
@@ -178,11 +179,8 @@ def _reader(cfg: DetectConfig, item, offset, scale):
         return lambda index: detection_data.read_images(cfg, path, index, window, offset, scale)
 
     def read_cam5(index):
-
         with _NETCDF_LOCK, netCDF4.Dataset(path, "r") as nc:
-            nc.set_auto_mask(False)
-            images = np.stack([np.asarray(nc.variables[name][index:index + window]) for name in cfg.data.channels],
-                              axis=1)
+            images = np.stack(cam5_convert.read_steps(nc, cfg.data.channels, index, index + window, path), axis=1)
         return detection_data.network_input(images, path, index, offset, scale)
 
     return read_cam5

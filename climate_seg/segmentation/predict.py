@@ -140,15 +140,11 @@ def outputs(cfg: ClimateConfig, item) -> tuple[str, str]:
 def read_step(path: str, fields: Fields, step: int) -> np.ndarray:
     """The (lat, lon, 16) float32 fields of one time step, in the network's channel order; a DataError naming
     the file for NaN, Inf or fill values."""
-    if fields.kind == "sample":
-        data = cam5_stats.read_sample(path)[0].astype(np.float32)
-        bad = [name for i, name in enumerate(CHANNELS) if not np.all(np.isfinite(data[..., i]))]
-    else:
+    if fields.kind == "netcdf":
         with NETCDF_LOCK, netCDF4.Dataset(path, "r") as nc:
-            values = [nc.variables[name][step] for name in CHANNELS]   # masked where a fill value sits
-        bad = [name for name, v in zip(CHANNELS, values)
-               if np.ma.is_masked(v) or not np.all(np.isfinite(np.ma.getdata(v)))]
-        data = np.stack([np.asarray(np.ma.getdata(v), np.float32) for v in values], axis=-1)
+            return np.stack([v[0] for v in cam5_convert.read_steps(nc, CHANNELS, step, step + 1, path)], axis=-1)
+    data = cam5_stats.read_sample(path)[0].astype(np.float32)
+    bad = [name for i, name in enumerate(CHANNELS) if not np.all(np.isfinite(data[..., i]))]
     if bad:
         raise DataError(f"{path}: NaN, Inf or fill values in {', '.join(bad)} at time step {step}")
     return data
