@@ -10,8 +10,7 @@ chosen where the training's is, by :data:`climate_seg.application.TASKS`.
 
 from __future__ import annotations
 
-from common.cli import exit_process
-from common.evaluate import evaluate_run, evaluator_of, run_evaluate
+from common.evaluate import evaluate_run, evaluator_of, main as evaluate_main
 
 
 def evaluate(run_dir, split: str = "test", data_dir: str | None = None, force: bool = False) -> dict:
@@ -20,4 +19,4 @@ def evaluate(run_dir, split: str = "test", data_dir: str | None = None, force: b
 
 
 if __name__ == "__main__":
-    exit_process(run_evaluate("climate_seg", description=__doc__.split("\n\n")[0]))
+    evaluate_main("climate_seg", description=__doc__.split("\n\n")[0])

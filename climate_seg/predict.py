@@ -12,8 +12,7 @@ the index (:mod:`common.predict`).  The task is chosen where the training's is, 
 
 from __future__ import annotations
 
-from common.cli import exit_process
-from common.predict import run_predict
+from common.predict import main as predict_main
 
 if __name__ == "__main__":
-    exit_process(run_predict("climate_seg", description=__doc__.split("\n\n")[0]))
+    predict_main("climate_seg", description=__doc__.split("\n\n")[0])

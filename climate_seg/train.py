@@ -8,8 +8,8 @@
 The config's ``task`` key (default ``segmentation``) picks the application.
 """
 
-from common.cli import exit_process, run_train
+from common.cli import train_main
 
 if __name__ == "__main__":
     # The application (and TensorFlow with it) is imported by run_train, after its signal handlers.
-    exit_process(run_train("climate_seg"))
+    train_main("climate_seg")

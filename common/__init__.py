@@ -4,8 +4,12 @@ training loop.  Nothing in here knows which science it is training."""
 
 from common.console import cpu as _cpu
 from common.console import quiet as _quiet
+from common.console import signals as _signals
 from common.storage import scratch as _scratch
 
+# A suite command (python -m <package>.<command>) interrupted while its modules load, before its run_command: one
+# line and the shell's code, not the traceback of whichever import the signal landed in (common/console/signals.py).
+_signals.quiet_until_run_command()
 # Both before TensorFlow is imported, which every entry point does after importing this package.
 # TensorFlow's C++ start-up chatter (oneDNN, CPU feature notices) drowns the training output of every
 # rank; errors still show, and a TF_CPP_MIN_LOG_LEVEL the user set to ask for more (0, 1) turns the filter

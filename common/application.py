@@ -149,6 +149,8 @@ class Application:
     default_config: pathlib.Path | None = None
     mlperf: MlperfSpec | None = None
     published_rate: PublishedRate | None = None
+    # its commands beside train, evaluate and predict (common.commands.Command): generators, data tools, ...
+    commands: tuple = ()
 
     build_model = _Part()
     build_datasets = _Part()
@@ -178,6 +180,7 @@ class Tasks:
     key: str                               # the config key naming the task, e.g. "task"
     choices: dict[str, Application]        # its values -> the applications
     default: str                           # the task of a config without the key
+    commands: tuple = ()                   # the package's commands beside train, evaluate, predict
 
     def choose(self, config: dict, source=None) -> Application:
         """The application the config mapping ``config`` (read from ``source``) is for."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from common.deferred import tensorflow as tf   # at first use: the launcher (launch) never needs it
 from common.errors import UserInputError
-from common.storage import outputs
+from common.storage.transaction import write_json_file
 
 # Imported where used, not here: Horovod, only in a process that a launcher (horovodrun, mpirun, srun) started as
 # one of several ranks (and horovodrun's runner in :func:`launch`).
@@ -511,7 +511,7 @@ def _recorded_build() -> dict | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # force: the file at this name is the suite's own record (a link there is replaced, not written through)
-        outputs.write_json(path, record, "common.distributed", force=True)
+        write_json_file(path, record, "common.distributed", force=True, source="horovodrun --check-build")
     except (OSError, UserInputError):   # not kept (a read-only or full cache): the answer still serves this launch
         pass
     return record

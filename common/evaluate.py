@@ -17,16 +17,16 @@ import argparse
 import importlib
 import os
 import pathlib
-import sys
 import zipfile
 
 from common import registry
 from common.application import Evaluator
-from common.cli import exit_on_user_error
+from common.cli import exit_process, run_command
 from common.config import load_config
-from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.errors import UserInputError
 from common.storage import outputs
+from common.storage.outputs import sha256_of
+from common.storage.transaction import OutputTransaction, Producer
 
 
 def require_run(run_dir: pathlib.Path) -> None:
@@ -75,70 +75,63 @@ def load_run(run_dir, schema, data_dir: str | None = None, layers_module: str = 
 
 
 class EvaluationWriter:
-    """What an evaluation writes into a run directory, guarded: every name it will write is checked before
-    any work (absent, or the suite's own by its mark or the run's marker, or ``force``), each file is
-    written atomically and carries the suite's mark, and the run directory's lock is held meanwhile (an
-    evaluation never interleaves with a training of the same folder).  Use as a context manager."""
+    """What an evaluation writes into the run folder it evaluates: its outputs staged in the command's output
+    transaction (its contribution to the run's folder, committed together at the end, the folder locked
+    meanwhile), each carrying the suite's mark, its numbers checked."""
 
-    def __init__(self, run_dir, tool: str, names, force: bool = False):
-        self.run_dir = pathlib.Path(run_dir)
-        self.tool = tool
-        self.force = force
-        for name in names:
-            outputs.check_replaceable(self.run_dir / name, force, "pass --force to replace it")
-        self._lock = None
-        if outputs.read_run_marker(self.run_dir) is not None:
-            self._lock = outputs.RunDirLock(self.run_dir, tool, option=None).acquire()   # the run it evaluates
-        self._swept = False
-
-    def _sweep(self) -> None:
-        """Before the first write (after every check): the temporaries of killed writes of the run removed."""
-        if not self._swept and self._lock is not None:
-            for killed in outputs.remove_killed_writes(self.run_dir):
-                print(f"{self.tool}: removed {killed}, left by a write that was killed", file=sys.stderr, flush=True)
-        self._swept = True
-
-    def __enter__(self) -> "EvaluationWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+    def __init__(self, transaction: OutputTransaction, run_dir: pathlib.Path, evaluated: dict):
+        self.transaction = transaction
+        self.run_dir = run_dir.absolute()
+        self.evaluated = evaluated   # what was evaluated (split, data folder, model): recorded in every JSON
 
     def json(self, name: str, payload: dict) -> None:
-        self._sweep()
-        outputs.write_json(self.run_dir / name, payload, self.tool, self.force)
+        self.transaction.json(self.run_dir / name, {**payload, "evaluated": self.evaluated})
 
     def npz(self, name: str, **arrays) -> None:
-        self._sweep()
-        outputs.save_npz(self.run_dir / name, self.tool, self.force, **arrays)
+        self.transaction.npz(self.run_dir / name, **arrays)
 
     def figure(self, figure, name: str, dpi: int = 110) -> None:
-        try:
-            self._sweep()
-            outputs.save_figure(figure, self.run_dir / name, self.tool, self.force, dpi=dpi)
-        finally:
-            plt.close(figure)
+        self.transaction.figure(figure, self.run_dir / name, dpi=dpi)
 
 
 def evaluate_run(evaluator: Evaluator, run_dir, split: str | None = None, data_dir: str | None = None,
                  force: bool = False, options: dict | None = None) -> dict:
     """Evaluate the run in ``run_dir`` on ``split`` (default: the evaluator's first); the metrics written.
-    ``options``: the values of the evaluator's own options (its ``add_options``), passed to it by name."""
+    ``options``: the values of the evaluator's own options (its ``add_options``), passed to it by name.
+
+    The run folder and every output name are checked before the network loads (its lock free, each name absent,
+    this command's, or ``--force``); the outputs are one transaction, committed at the end: a failure or a
+    signal leaves the folder as it was.  ``metrics.json`` records the split and the data folder evaluated (a
+    figure of the run's own points, ``cosmoflow.learning_curve``, tells another folder's evaluation by it)."""
     split = split or evaluator.splits[0]
     if split not in evaluator.splits:
         raise UserInputError(f"--split {split}: {evaluator.tool} evaluates one of {', '.join(evaluator.splits)}")
+    run_dir = pathlib.Path(run_dir)
+    require_run(run_dir)
+    cfg = load_config(evaluator.schema, run_dir / "config.yaml", [f"data.data_dir={data_dir}"] if data_dir else [])
+    evaluated = str(pathlib.Path(cfg.data.data_dir).resolve())
+    producer = Producer(command=evaluator.tool, application=evaluator.tool.split(".")[0], run=str(run_dir.resolve()),
+                        model_sha256=sha256_of(run_dir / "model.keras"), data=evaluated)
+    transaction = OutputTransaction(producer, force, inputs=[run_dir / "model.keras", run_dir / "config.yaml",
+                                                             run_dir / "history.csv"])
+    if outputs.run_kind(run_dir) is not None:   # a run of the suite's: its files a contribution to the folder
+        transaction.into(run_dir, "run", "--run-dir", contribution=True)
+    # (else a run folder the suite did not mark, a model and config copied in: each output a loose file there)
+    transaction.check([run_dir.absolute() / name for name in evaluator.all_outputs])   # before the network loads
     cfg, model = load_run(run_dir, evaluator.schema, data_dir, evaluator.layers_module)
-    with EvaluationWriter(run_dir, evaluator.tool, evaluator.all_outputs, force) as writer:
-        metrics = evaluator.evaluate(writer, cfg, model, split, **(options or {}))
-        history = writer.run_dir / "history.csv"
+    with transaction:
+        writer = EvaluationWriter(transaction, run_dir, {"split": split, "data_dir": evaluated,
+                                                         "model_sha256": producer.model_sha256})
+        with transaction.reading(f"the {split} split of {evaluated}"):
+            metrics = evaluator.evaluate(writer, cfg, model, split, **(options or {}))
+        history = run_dir / "history.csv"
         curves = evaluator.curves(cfg) if callable(evaluator.curves) else evaluator.curves
         if curves and history.is_file():
             # deferred: matplotlib (about 0.3 s) only where a figure is drawn
             from common.storage.plots import plot_training_curves
 
-            writer.figure(plot_training_curves(history, metrics=curves), "training_curves.png")
+            with transaction.reading(history):
+                writer.figure(plot_training_curves(history, metrics=curves), "training_curves.png")
     return metrics
 
 
@@ -151,29 +144,40 @@ def evaluator_of(package: str, run_dir) -> Evaluator:
     return application.evaluation
 
 
-def run_evaluate(package: str, argv=None, description: str = "") -> int:
-    """``python -m <package>.evaluate``: the run directory's application evaluated, the report printed."""
-    with exit_on_user_error():
-        evaluations = [application.evaluation for application in registry.applications(package)]
+def build_parser(package: str, description: str = "") -> tuple[argparse.ArgumentParser, set[str]]:
+    """``python -m <package>.evaluate``'s command line, and the names of its common options (the others are the
+    evaluator's own, given to it by name)."""
+    evaluations = [application.evaluation for application in registry.applications(package)]
     known = evaluations[0] if len(evaluations) == 1 else None   # else the run's config chooses the task
     parser = argparse.ArgumentParser(prog=f"python -m {package}.evaluate",
                                      description=description or (known.description if known else ""))
-    parser.add_argument("--run-dir", required=True, help="a training run directory (holds model.keras, config.yaml)")
-    parser.add_argument("--split", help="the split to evaluate (default: "
-                        + (f"{known.splits[0]}; one of {', '.join(known.splits)})" if known else "the task's)"))
-    parser.add_argument("--data-dir", help="evaluate on another dataset of the same layout")
-    parser.add_argument("--force", action="store_true",
-                        help="replace files of the names it writes that this suite did not write"
-                             + (f" ({', '.join(known.all_outputs)})" if known else ""))
-    common_options = {action.dest for action in parser._actions}
+    common_options = {parser.add_argument("--run-dir", required=True,
+                                          help="a training run directory (holds model.keras, config.yaml)").dest,
+                      parser.add_argument("--split", help="the split to evaluate (default: " + (
+                          f"{known.splits[0]}; one of {', '.join(known.splits)})" if known else "the task's)")).dest,
+                      parser.add_argument("--data-dir", help="evaluate on another dataset of the same layout").dest,
+                      parser.add_argument("--force", action="store_true",
+                                          help="replace files of the names it writes that this suite did not write"
+                                               + (f" ({', '.join(known.all_outputs)})" if known else "")).dest,
+                      "help"}
     if known is not None and known.add_options is not None:
         known.add_options(parser)
+    return parser, common_options
+
+
+def run_evaluate(package: str, argv=None, description: str = "") -> int:
+    """``python -m <package>.evaluate``: the run directory's application evaluated, the report printed."""
+    parser, common_options = build_parser(package, description)
     args = parser.parse_args(argv)
     options = {name: value for name, value in vars(args).items() if name not in common_options}
-    with exit_on_user_error():
-        evaluator = known or evaluator_of(package, args.run_dir)
-        metrics = evaluate_run(evaluator, args.run_dir, args.split, args.data_dir, args.force, options)
+    evaluator = evaluator_of(package, args.run_dir)
+    metrics = evaluate_run(evaluator, args.run_dir, args.split, args.data_dir, args.force, options)
     for line in evaluator.report(metrics):
         print(line)
     print(f"wrote {pathlib.Path(args.run_dir) / 'metrics.json'}", flush=True)
     return 0
+
+
+def main(package: str, description: str = ""):
+    """The ``__main__`` of ``<package>.evaluate``: :func:`run_evaluate` through the one way in."""
+    exit_process(run_command(lambda argv: run_evaluate(package, argv, description), name=f"{package}.evaluate"))

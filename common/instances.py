@@ -28,6 +28,7 @@ from common.config import instance_configs
 from common.console import logs
 from common.errors import EXIT_NONFINITE, EXIT_PREEMPTED, UserInputError
 from common.storage import outputs
+from common.storage.transaction import OutputTransaction, Producer
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,8 @@ class JobFolder:
     def __init__(self, app, output_dir: pathlib.Path, instances: int, resume: bool, force: bool):
         self.app, self.output_dir, self.instances = app, output_dir, instances
         self.resume, self.force = resume, force
-        self.lock = None
-        self.created: list[pathlib.Path] = []   # by the claim: the lock file, the folders (innermost first)
+        self.producer = Producer(command=f"{app.package}.train", application=app.package)
+        self.transaction: OutputTransaction | None = None   # the claim: the one output transaction's, incremental
         self.committed = False
 
     def check(self) -> None:
@@ -63,45 +64,36 @@ class JobFolder:
 
     def claim(self) -> str | None:
         """None, or the one-line reason the folder is refused (nothing written then)."""
-        output_dir = self.output_dir
         try:
             self.check()
-            missing = [folder for folder in (output_dir, *output_dir.parents) if not folder.exists()]
-            output_dir.mkdir(parents=True, exist_ok=True)
-            lock_path = output_dir / outputs.RUN_LOCK
-            new_lock = not lock_path.exists()
-            self.lock = outputs.RunDirLock(output_dir, f"{self.app.name}.train (distributed.instances="
-                                                       f"{self.instances})").acquire()
-            self.created = ([lock_path] if new_lock else []) + missing
-            if self.lock.warning:
-                log.warning(self.lock.warning)
+            transaction = OutputTransaction(self.producer, self.force,
+                                            holder=f"{self.app.name}.train (distributed.instances={self.instances})")
+            transaction.into(self.output_dir, "instances", "--output-dir", incremental=True)
+            transaction.check()
+            transaction.claim()   # created, locked for the job's life, checked again under the lock
+            self.transaction = transaction
         except UserInputError as exc:
             return str(exc)
         except OSError as exc:
-            return f"{output_dir}: --output-dir cannot be prepared ({exc.strerror})"
+            return f"{self.output_dir}: --output-dir cannot be prepared ({exc.strerror})"
         return None
 
     def commit(self) -> None:
         """Mark the folder as a job's, listing what the job writes (every instance has passed its checks)."""
         outputs.mark_run_dir(self.output_dir, self.app.name,
                              files=[INSTANCES_JSON, *[f"instance-{k}/" for k in range(self.instances)]],
-                             kind="instances", instances=self.instances)
+                             kind="instances", instances=self.instances, producer=self.producer.record())
         self.committed = True
 
     def release(self) -> None:
         """Release the lock; a job refused before it committed leaves no trace of the claim."""
-        if self.lock is None:
+        transaction, self.transaction = self.transaction, None
+        if transaction is None:
             return
-        if not self.committed:
-            if not self.created:
-                self.lock.restore()
-            for path in self.created:
-                try:
-                    path.unlink() if path.name == outputs.RUN_LOCK else path.rmdir()   # folders only when empty
-                except OSError:
-                    break
-        self.lock.release()
-        self.lock = None
+        if self.committed:
+            transaction.release()
+        else:
+            transaction.rollback()
 
 
 def run_instances(app, cfg, dist, output_dir, train_one, resume: bool = False, force: bool = False) -> int:

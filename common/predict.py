@@ -25,24 +25,21 @@ the names it writes for each, and how one input becomes them (reading through th
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
 import dataclasses
-import hashlib
 import importlib.metadata
-import os
 import pathlib
 import sys
-import traceback
 
 from common import distributed, evaluate, registry
 from common.application import Predictor
-from common.cli import exit_on_user_error, exit_process
+from common.cli import exit_process, run_command
 from common.config import load_config
-from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.deferred import tensorflow as tf   # at the first prediction, after every check
-from common.errors import EXIT_FAILURE, DataError, UserInputError, data_error_from_pipeline
+from common.errors import DataError, UserInputError, data_error_from_pipeline
 from common.storage import outputs
+from common.storage.outputs import sha256_of
+from common.storage.sample_files import list_inputs
+from common.storage.transaction import OutputTransaction, Producer
 
 INDEX = "predictions.json"
 
@@ -63,43 +60,6 @@ def suite_version() -> str:
         return "unknown"
 
 
-def sha256_of(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def expand_inputs(paths, predictor: Predictor) -> list[pathlib.Path]:
-    """The files named, folders replaced by their files matching the application's patterns (name order);
-    a missing path, an empty folder or a file named twice is a one-line error."""
-    found: list[pathlib.Path] = []
-    for given in map(pathlib.Path, paths):
-        if given.is_dir():
-            files = sorted({p for pattern in predictor.patterns for p in given.glob(pattern) if p.is_file()})
-            if not files:
-                raise UserInputError(f"{given}: no {predictor.what} files ({', '.join(predictor.patterns)}) in it")
-            found.extend(files)
-        elif given.is_file():
-            found.append(given)
-        elif given.is_symlink() and not given.exists():
-            raise UserInputError(f"{given}: --input is a link to {os.readlink(given)}, which does not exist")
-        else:
-            raise UserInputError(f"{given}: --input not found" if not given.exists()
-                                 else f"{given}: --input is neither a file nor a folder")
-    for path in found:
-        if not os.access(path, os.R_OK):
-            raise UserInputError(f"{path}: --input cannot be read (no read permission)")
-    seen: dict[pathlib.Path, pathlib.Path] = {}
-    for path in found:
-        resolved = path.resolve()
-        if resolved in seen:
-            raise UserInputError(f"{path}: given twice as --input (also as {seen[resolved]})")
-        seen[resolved] = path
-    return found
-
-
 def output_names(predictor: Predictor, cfg, inputs: list[Input]) -> dict[pathlib.Path, tuple[str, ...]]:
     """Each input's output names, checked to be distinct over all inputs and from the index."""
     names: dict[pathlib.Path, tuple[str, ...]] = {}
@@ -112,79 +72,6 @@ def output_names(predictor: Predictor, cfg, inputs: list[Input]) -> dict[pathlib
                                      "predict them into separate --out folders")
             owner[name] = item.path
     return names
-
-
-def check_output_folder(out: pathlib.Path, names, force: bool, held: bool = False) -> None:
-    """``out`` and every name to be written there, checked (reading only): absent, an empty folder, or a folder
-    of predict's own; each name absent, the suite's, or ``--force``.  ``held``: this command holds the folder's
-    lock (its lock file does not make a new folder one of the user's)."""
-    if out.is_symlink() and not out.exists():
-        raise UserInputError(f"{out}: --out is a link to {os.readlink(out)}, which does not exist")
-    if out.exists() and not out.is_dir():
-        raise UserInputError(f"{out}: --out is a file, not a folder")
-    if out.is_dir() and outputs.run_kind(out) is None \
-            and any(entry.name != outputs.RUN_LOCK or not held for entry in out.iterdir()):
-        raise UserInputError(f"{out}: holds files this suite did not write ({outputs.folder_summary(out)}); "
-                             "predict into a new or empty folder")
-    outputs.check_run_kind(out, "predictions", resume=False)
-    outputs.check_writable_folder(out, "--out")
-    for name in (*names, INDEX):
-        outputs.check_replaceable(out / name, force, "pass --force to replace it")
-
-
-@dataclasses.dataclass
-class Claim:
-    """The output folder as :func:`claim_output_folder` took it: its lock, and what the claim created (undone
-    by :meth:`undo` when the command fails: a failed prediction leaves the folder as it found it)."""
-
-    out: pathlib.Path
-    lock: outputs.RunDirLock
-    created_folder: bool
-    created_marker: bool
-
-    def undo(self) -> None:
-        if self.created_marker:
-            (self.out / outputs.RUN_MARKER).unlink(missing_ok=True)
-            (self.out / outputs.RUN_LOCK).unlink(missing_ok=True)   # ours: made with the marker, still locked
-        if self.created_folder:
-            with contextlib.suppress(OSError):
-                self.out.rmdir()   # only when empty
-
-    def release(self) -> None:
-        self.lock.release()
-
-
-def claim_output_folder(out: pathlib.Path, app: str, tool: str, names, force: bool) -> Claim:
-    """The checks again (:func:`check_output_folder`), ``out`` locked (held until the command ends) and checked
-    once more under the lock, then marked as a predictions folder listing every name to be written (so each
-    rank's writes are the suite's, and the marker is written once, not by every rank); a refusal up to the
-    marking leaves the folder as it was (a folder held by another command: its marker's list untouched)."""
-    check_output_folder(out, names, force)
-    created_folder = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserInputError(f"{out}: --out cannot be created ({exc.strerror})") from None
-    lock_file_existed, lock = (out / outputs.RUN_LOCK).exists(), None
-    try:
-        lock = outputs.RunDirLock(out, tool, option="--out").acquire()
-        check_output_folder(out, names, force, held=True)   # again, under the lock: what another did meanwhile
-    except BaseException:
-        if lock is not None:
-            if not lock_file_existed:
-                (out / outputs.RUN_LOCK).unlink(missing_ok=True)   # ours, still locked by us
-            lock.release()
-        if created_folder:
-            with contextlib.suppress(OSError):
-                out.rmdir()   # only when empty
-        raise
-    # Marked only now: a refused claim (another command holds the folder) leaves the marker's list as it was.
-    created_marker = outputs.read_run_marker(out) is None
-    outputs.mark_run_dir(out, app, files=[*names, INDEX], kind="predictions", tool=tool)
-    claim = Claim(out, lock, created_folder, created_marker)
-    for killed in outputs.remove_killed_writes(out):
-        print(f"{tool}: removed {killed}, left by a write that was killed", file=sys.stderr, flush=True)
-    return claim
 
 
 def on_every_rank(dist, check):
@@ -202,50 +89,65 @@ def on_every_rank(dist, check):
     return result
 
 
+def producer_of(predictor: Predictor, run_dir: pathlib.Path, inputs) -> Producer:
+    """Who writes a prediction: the command, its application, the run and the model applied."""
+    return Producer(command=predictor.tool, application=predictor.application, run=str(run_dir.resolve()),
+                    model_sha256=sha256_of(run_dir / "model.keras"),
+                    data=", ".join(str(pathlib.Path(path).resolve()) for path in inputs[:8])
+                    + (f", ... ({len(inputs)} inputs)" if len(inputs) > 8 else ""))
+
+
 def predict_files(predictor: Predictor, run_dir, paths, out, force: bool = False, options=None,
                   dist: distributed.Distributed | None = None) -> dict:
-    """Apply the run in ``run_dir`` to the files ``paths`` (or folders of them), writing into ``out``; the index
-    written by rank 0 (every rank returns it).
+    """Apply the run in ``run_dir`` to the files ``paths`` (or folders of them), writing into ``out`` as one
+    output transaction (:mod:`common.storage.transaction`); the index written by rank 0 (every rank returns it).
 
-    In order: the run's files, every input (``inspect``) and the output folder are checked (reading only, no
-    TensorFlow); the network is loaded and the predictor's ``prepare`` runs (what every input shares, e.g. a
-    working point from the run's validation split); only then is the folder claimed, so a refusal at any of
-    these steps leaves it as it was."""
+    In order: the run's files, the inputs (the one listing), the output folder (its kind and producer) are
+    checked, reading only and without TensorFlow; each input is inspected and every output name checked; the
+    network is loaded and the predictor's ``prepare`` runs (what every input shares, e.g. a working point from
+    the run's validation split); only then is the folder claimed.  Every output is staged and all of them
+    committed at the end: a refusal, a failure or a signal at any point leaves the folder as it was."""
     run_dir, out = pathlib.Path(run_dir), pathlib.Path(out)
     evaluate.require_run(run_dir)
     cfg = load_config(predictor.schema, run_dir / "config.yaml")
     options = options if options is not None else argparse.Namespace()
-    inputs = [Input(path, predictor.inspect(cfg, path)) for path in expand_inputs(paths, predictor)]
-    names = [name for written in output_names(predictor, cfg, inputs).values() for name in written]
+    files = [pathlib.Path(path) for path in list_inputs(paths, predictor.patterns, predictor.what, "--input")]
     dist = dist or distributed.Distributed()
-    on_every_rank(dist, lambda: check_output_folder(out, names, force))
+    transaction = OutputTransaction(producer_of(predictor, run_dir, files), force,
+                                    inputs=[run_dir / "model.keras", run_dir / "config.yaml", *files])
+    transaction.into(out, "predictions", "--out")
+    on_every_rank(dist, transaction.check)   # the folder, before any input is read
+    inputs = [Input(path, predictor.inspect(cfg, path)) for path in files]
+    names = [name for written in output_names(predictor, cfg, inputs).values() for name in written] + [INDEX]
+    transaction.plan(names)
+    on_every_rank(dist, lambda: transaction.check(names))
     cfg, model = evaluate.load_run(run_dir, predictor.schema, layers_module=predictor.layers_module)
     if predictor.prepare is not None:
         predictor.prepare(cfg, model, options)
-    claim = on_every_rank(dist, lambda: claim_output_folder(out, predictor.application, predictor.tool, names, force))
-    attributes = provenance_attributes(run_dir, predictor.tool)   # the model hashed once, for every file
-    writer = PredictionWriter(out, predictor.tool, force, attributes)
+    staging = on_every_rank(dist, lambda: (transaction.claim(), transaction.staging_folder)[1])
+    staging = dist.broadcast_object(staging)
+    if not dist.is_root:
+        transaction.follow(staging)
+    writer = PredictionWriter(transaction, provenance_attributes(run_dir, predictor.tool, transaction.producer))
     try:
-        rows = [predict_one(predictor, writer, cfg, model, item, options) for item in inputs[dist.rank::dist.size]]
-        gathered = dist.allgather_object(rows)
+        rows = []
+        for item in inputs[dist.rank::dist.size]:
+            with transaction.reading(item.path):
+                rows.append(predict_one(predictor, writer, cfg, model, item, options))
+        gathered = dist.allgather_object(rows)   # every rank's outputs staged: rank 0 commits them all
         index = {
-            "run_dir": attributes["run_dir"], "model_sha256": attributes["model_sha256"],
-            "suite_version": attributes["suite_version"], "application": predictor.application, "ranks": dist.size,
+            "run_dir": writer.attributes["run_dir"], "model_sha256": writer.attributes["model_sha256"],
+            "suite_version": writer.attributes["suite_version"], "application": predictor.application,
+            "ranks": dist.size,
             "inputs": sorted((row for rank_rows in gathered for row in rank_rows), key=lambda row: row["input"]),
         }
         if dist.is_root:
-            outputs.write_json(out / INDEX, index, predictor.tool, force)
+            with transaction.reading("the index of every input"):
+                transaction.json(INDEX, index)
+        transaction.commit()
     except BaseException:
-        # This rank's files of this command go (no index names them: a failed command leaves no partial set
-        # behind); rank 0 undoes what its claim created.  (Under several ranks, the launcher ends the others,
-        # which may leave theirs.)
-        writer.remove_written()
-        if claim is not None:
-            claim.undo()
+        transaction.rollback()   # (under several ranks, the launcher ends the others, whose files go with rank 0's)
         raise
-    finally:
-        if claim is not None:
-            claim.release()
     return index
 
 
@@ -262,63 +164,64 @@ def predict_one(predictor: Predictor, writer, cfg, model, item: Input, options) 
 
 
 class PredictionWriter:
-    """What one input's prediction writes into the output folder: each name atomically (a temporary file
-    beside it, renamed when whole), never over a file the suite did not write unless ``--force``."""
+    """What one input's prediction writes: each output staged in the command's transaction (committed with the
+    others at the end), its numbers checked, its provenance (:func:`provenance_attributes`) carried by every
+    JSON, HDF5 and netCDF file."""
 
-    def __init__(self, out, tool: str, force: bool, attributes: dict[str, str]):
-        self.out, self.tool, self.force = pathlib.Path(out), tool, force
-        self.attributes = attributes   # the run applied: what every file's provenance says (provenance_attributes)
-        self.written: list[pathlib.Path] = []   # by this command, for remove_written
-
-    def remove_written(self) -> None:
-        """Remove the files this writer wrote in this command (a failed command's)."""
-        for path in self.written:
-            path.unlink(missing_ok=True)
-        self.written.clear()
+    def __init__(self, transaction: OutputTransaction, attributes: dict[str, str]):
+        self.transaction = transaction
+        self.attributes = attributes   # the run applied: what every file's provenance says
 
     def provenance(self) -> dict[str, str]:
-        """The global attributes every predicted file carries (:func:`provenance_attributes`), a copy."""
+        """The global attributes every predicted file carries, a copy."""
         return dict(self.attributes)
 
-    @contextlib.contextmanager
-    def path(self, name: str, suffix: str = ".partial"):
-        """A temporary path to write ``name`` to; it becomes ``name`` when the block ends without error."""
-        with outputs.atomic_path(self.out / name, self.force, suffix=suffix) as temporary:
-            yield temporary
-        self.written.append(self.out / name)
+    def path(self, name: str, suffix: str = ""):
+        """A temporary path to write ``name`` to (staged when the block ends without error)."""
+        return self.transaction.path(name, suffix=suffix)
 
     def json(self, name: str, payload: dict) -> None:
-        outputs.write_json(self.out / name, payload, self.tool, self.force)
-        self.written.append(self.out / name)
+        provenance = {key: value for key, value in self.attributes.items()
+                      if key in ("model_sha256", "run_dir", "suite_version")}
+        self.transaction.json(name, {**payload, "provenance": provenance})
 
     def figure(self, figure, name: str, dpi: int = 110) -> None:
-        """A figure (closed once written), marked as the suite's."""
-        try:
-            outputs.save_figure(figure, self.out / name, self.tool, self.force, dpi=dpi)
-            self.written.append(self.out / name)
-        finally:
-            plt.close(figure)
+        self.transaction.figure(figure, name, dpi=dpi)
 
     def csv(self, name: str, header: list[str], rows) -> None:
-        """A CSV table (the folder's marker lists it: CSV has no room for a mark of its own)."""
-        with self.path(name) as temporary, open(temporary, "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(header)
-            writer.writerows(rows)
+        self.transaction.csv(name, header, rows)
 
 
-def provenance_attributes(run_dir, tool: str) -> dict[str, str]:
+def provenance_attributes(run_dir, tool: str, producer: Producer | None = None) -> dict[str, str]:
     """The global attributes every predicted file carries: what wrote it, from which model and config."""
     run_dir = pathlib.Path(run_dir)
-    return {outputs.WRITTEN_BY: outputs.provenance(tool), "model_sha256": sha256_of(run_dir / "model.keras"),
+    sha256 = producer.model_sha256 if producer is not None else sha256_of(run_dir / "model.keras")
+    return {outputs.WRITTEN_BY: outputs.provenance(tool), "model_sha256": sha256,
             "suite_version": suite_version(), "run_dir": str(run_dir.resolve()),
             "config": (run_dir / "config.yaml").read_text()}
 
 
-def run_predict(package: str, argv=None, description: str = "") -> int:
-    """``python -m <package>.predict``: the run's application applied to new files; the report printed."""
-    with exit_on_user_error():
-        predictions = [application.prediction for application in registry.applications(package)]
+class _Recorded:
+    """What an application's ``add_options`` adds to the parser (or a group of it), recorded as it is added."""
+
+    def __init__(self, parser, actions: list):
+        self._parser, self._actions = parser, actions
+
+    def add_argument(self, *args, **kwargs):
+        action = self._parser.add_argument(*args, **kwargs)
+        self._actions.append(action)
+        return action
+
+    def add_mutually_exclusive_group(self, **kwargs):
+        return _Recorded(self._parser.add_mutually_exclusive_group(**kwargs), self._actions)
+
+    def add_argument_group(self, *args, **kwargs):
+        return _Recorded(self._parser.add_argument_group(*args, **kwargs), self._actions)
+
+
+def build_parser(package: str, description: str = "") -> tuple[argparse.ArgumentParser, dict]:
+    """``python -m <package>.predict``'s command line, and each application option's (owner, dest, default)."""
+    predictions = [application.prediction for application in registry.applications(package)]
     known = predictions[0] if len(predictions) == 1 else None   # else the run's config chooses the task
     parser = argparse.ArgumentParser(prog=f"python -m {package}.predict",
                                      description=description or (known.description if known else ""))
@@ -326,39 +229,46 @@ def run_predict(package: str, argv=None, description: str = "") -> int:
     parser.add_argument("--input", required=True, nargs="+", metavar="PATH",
                         help="files to predict on, or folders of them"
                              + (f" ({known.what}: {', '.join(known.patterns)})" if known else ""))
-    parser.add_argument("--out", required=True, help="the folder to write into: new, empty, or one of predict's own")
+    parser.add_argument("--out", required=True, help="the folder to write into: new, empty, or one this command "
+                                                     "wrote with the same run and model (its outputs replaced)")
     parser.add_argument("--force", action="store_true",
                         help="replace files of the names it writes that this suite did not write")
     options_of = {}   # option -> (the application that declares it, its dest, its default)
     for application in registry.applications(package):
         prediction = application.prediction
         if prediction is not None and prediction.add_options is not None:
-            before = len(parser._actions)
-            prediction.add_options(parser)
-            for action in parser._actions[before:]:
+            added: list = []
+            prediction.add_options(_Recorded(parser, added))
+            for action in added:
                 options_of[action.option_strings[0]] = (application.name, action.dest, action.default)
+    return parser, options_of
+
+
+def run_predict(package: str, argv=None, description: str = "") -> int:
+    """``python -m <package>.predict``: the run's application applied to new files; the report printed."""
+    parser, options_of = build_parser(package, description)
     args = parser.parse_args(argv)
-    dist = None
-    with exit_on_user_error():
-        predictor = known or predictor_of(package, args.run_dir)
-        if predictor is None:
-            raise UserInputError(f"{package} declares no prediction")
-        refuse_foreign_options(package, args, predictor, options_of)
-        dist = distributed.init() if distributed.launched_world_size() > 1 else None
-        try:
-            index = predict_files(predictor, args.run_dir, args.input, args.out, args.force, args, dist)
-        except UserInputError:
-            raise
-        except Exception as exc:   # noqa: BLE001  a failure: its traceback, one line, exit 1 (never a hang)
-            traceback.print_exc()
-            rank = f"rank {dist.rank} of {dist.size}: " if dist is not None else ""
-            print(f"error: {rank}predict failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            exit_process(EXIT_FAILURE)
+    predictor = predictor_of(package, args.run_dir)
+    if predictor is None:
+        raise UserInputError(f"{package} declares no prediction")
+    refuse_foreign_options(package, args, predictor, options_of)
+    dist = distributed.init() if distributed.launched_world_size() > 1 else None
+    try:
+        index = predict_files(predictor, args.run_dir, args.input, args.out, args.force, args, dist)
+    except Exception as exc:
+        if dist is not None and not isinstance(exc, UserInputError):   # which rank failed, for the launcher's log
+            print(f"error: rank {dist.rank} of {dist.size}: predict failed", file=sys.stderr, flush=True)
+        raise
     if dist is None or dist.is_root:
         for line in predictor.report(index):
             print(line)
         print(f"wrote {pathlib.Path(args.out) / INDEX}", flush=True)
     return 0
+
+
+def main(package: str, description: str = ""):
+    """The ``__main__`` of ``<package>.predict``: :func:`run_predict` through the one way in."""
+    exit_process(run_command(lambda argv: run_predict(package, argv, description), name=f"{package}.predict"))
 
 
 def refuse_foreign_options(package: str, args, predictor: Predictor, options_of: dict) -> None:
@@ -374,4 +284,7 @@ def refuse_foreign_options(package: str, args, predictor: Predictor, options_of:
 
 def predictor_of(package: str, run_dir) -> Predictor | None:
     """The prediction of the application of ``package`` that trained ``run_dir`` (its config chooses the task)."""
+    predictions = [application.prediction for application in registry.applications(package)]
+    if len(predictions) == 1:
+        return predictions[0]
     return evaluate.application_of(package, run_dir).prediction

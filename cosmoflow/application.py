@@ -6,6 +6,8 @@ from __future__ import annotations
 import pathlib
 
 from common.application import Application, MlperfSpec, Parts, PublishedRate
+from common.commands import Command, Output, datatools_command, parser_of
+from common.storage.sample_files import DatasetFiles
 from cosmoflow.config import CosmoflowConfig
 from cosmoflow.evaluate import EVALUATOR
 from cosmoflow.predict import PREDICTOR
@@ -39,4 +41,18 @@ APPLICATION = Application(
     published_rate=PublishedRate(samples_per_second=200.0, accelerator="H100", sample_shape=(128, 128, 128, 4),
                                  source="MLPerf HPC v3.0 CosmoFlow closed-division records, about 200 samples/s "
                                         "per H100"),
+    commands=(
+        Command("cosmoflow.mock", parser_of("cosmoflow.mock"), reads=(("--config", "config"),),
+                writes=(Output("--out", "generated"),), summary="mock universes (the config's data.data_dir)"),
+        datatools_command("cosmoflow.data", DatasetFiles(
+            "CosmoFlow", ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.tfrecords.gz", "*.h5", "*.hdf5"))),
+        Command("cosmoflow.information", parser_of("cosmoflow.information"),
+                reads=(("--config", "config"), ("--fisher-matrix", "file")), writes=(Output("--json", "file"),),
+                summary="Fisher bounds and the summary statistics' regression"),
+        Command("cosmoflow.learning_curve", parser_of("cosmoflow.learning_curve"),
+                reads=(("--information", "file"), ("--bound", "file"), ("--earlier", "file"), ("--series", "run"),
+                       ("--extend", "run")),
+                writes=(Output("--out", "file"), Output("--json", "file")),
+                summary="the learning-curve figure of evaluated runs, regressions and bounds"),
+    ),
 )

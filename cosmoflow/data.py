@@ -24,9 +24,8 @@ from __future__ import annotations
 
 # The data tools (subset, manifest, verify: common/tools/datatools.py) need no TensorFlow: run before it loads.
 if __name__ == "__main__":
-    from common.tools.datatools import DatasetFiles, main
-    raise SystemExit(main(DatasetFiles("CosmoFlow", ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.h5", "*.hdf5")),
-                          prog="python -m cosmoflow.data"))
+    from common.tools.datatools import command_main   # its layout: the application's declaration
+    command_main("cosmoflow.data")
 
 import dataclasses
 import logging

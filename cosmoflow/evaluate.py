@@ -28,11 +28,11 @@ import itertools
 import numpy as np
 
 from common.application import Evaluator
-from common.cli import exit_process
 from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.deferred import tensorflow as tf   # at the first volume transformed
 from common.errors import UserInputError
-from common.evaluate import evaluate_run, run_evaluate
+from common.cli import positive_int_argument
+from common.evaluate import evaluate_run, main as evaluate_main
 from cosmoflow.config import CosmoflowConfig
 
 # The 48 symmetries of the cube, each (the spatial axes reversed, then the axis permutation), as
@@ -191,7 +191,7 @@ def report(metrics: dict) -> list[str]:
 
 # Part of CosmoFlow's declaration (cosmoflow/application.py).
 def add_options(parser) -> None:
-    parser.add_argument("--symmetries", type=int, default=1, metavar="N",
+    parser.add_argument("--symmetries", type=positive_int_argument, default=1, metavar="N",
                         help=f"also average the predictions over the first N of the cube's 48 rotations and "
                              f"reflections, N one of {', '.join(map(str, SYMMETRY_COUNTS))} (default 1: the network "
                              "once per volume)")
@@ -212,4 +212,4 @@ def evaluate(run_dir, split: str = "validation", data_dir: str | None = None, fo
 
 
 if __name__ == "__main__":
-    exit_process(run_evaluate("cosmoflow"))
+    evaluate_main("cosmoflow")

@@ -58,21 +58,21 @@ import argparse
 import json
 import math
 import multiprocessing
-import os
 import pathlib
-import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from common.cli import exit_on_user_error, positive_int_argument, positive_number_argument
+from common.cli import exit_process, positive_int_argument, positive_number_argument, run_command
 from common.config import load_config
 from common.errors import ConfigError
-from common.storage.outputs import check_output_file, write_json
+from common.storage.transaction import OutputTransaction, Producer
 from cosmoflow.config import CosmoflowConfig, TARGET_NAMES
 from cosmoflow.mock import available_cpus, cosmology_for, ensure_mock_data, make_universe, parameter_ranges
 from cosmoflow.summaries import (SUMMARY_PARTS, one_point, rfft_mode_weights, summary_length, summary_parts,
                                  summary_vector, wavenumbers)
+
+TOOL = "cosmoflow.information"
 
 # Imported where used, not here: scipy and scikit-learn (seconds to import, only for the estimate) and
 # cosmoflow.data (TensorFlow), so that --help answers without them.
@@ -687,48 +687,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-
-    with exit_on_user_error():
-        cfg = load_config(CosmoflowConfig, args.config, args.set)
-        parts = parse_features(args.features)
-        fundamental = smallest_wavenumber(cfg)
-        if args.k_max is not None and args.k_max < fundamental:
-            raise ConfigError(f"--k-max: {args.k_max:g} h/Mpc is below the box's fundamental mode {fundamental:.4g} "
-                              f"h/Mpc (2 pi / data.mock.box_size_mpc_h={cfg.data.mock.box_size_mpc_h:g}): the bound "
-                              "would use no Fourier mode")
-        if args.summary_fisher and args.fisher_mocks < 2:
-            raise ConfigError(f"--fisher-mocks: expected at least 2, got {args.fisher_mocks}")
-        if args.fisher_matrix is not None and not args.summary_fisher:
-            raise ConfigError("--fisher-matrix: expected with --summary-fisher (it replaces that bound's mocks)")
-        stored = None
-        if args.fisher_matrix is not None:
-            try:
-                same = bool(args.json) and os.path.samefile(args.json, args.fisher_matrix)
-            except (OSError, ValueError):
-                same = False
-            if same:
-                raise ConfigError(f"--json {args.json}: the --fisher-matrix file; name another (it would be "
-                                  "replaced by what is read from it)")
-            stored = stored_summary_fisher(args.fisher_matrix, cfg, args, parts)
-        if args.json:   # checked before the work, not after it: a name this suite may write, in a folder it can
-            check_output_file(args.json, "--json", how="name another --json file")
-        mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
-        report = {"grid": grid, "box_size_mpc_h": mock.box_size_mpc_h, "k_max": args.k_max,
-                  "data_dir": str(pathlib.Path(cfg.data.data_dir).resolve()), "bins": args.bins,
-                  "fisher": fisher_report(cfg, args.k_max, tuple(args.known)), "known": args.known}
-        print(f"linear Fisher bound, one {grid}^3 volume of {mock.box_size_mpc_h:g} Mpc/h"
-              + (f", held fixed: {', '.join(args.known)}" if args.known else "") + ":")
-        for name, row in report["fisher"].items():
-            print(f"  {name:<8} sigma {row['sigma']:.4g} ({row['sigma_normalised']:.3f} normalised): "
-                  f"best MAE {row['best_mae']:.3f} (training mean: 0.5)")
-        if args.summary_fisher:
-            summary_fisher_report(cfg, args, parts, report, stored)
-        elif not args.fisher_only:
-            regression_report(cfg, args, parts, report)
-        if args.json:
-            write_json(args.json, report, "cosmoflow.information")
+    cfg = load_config(CosmoflowConfig, args.config, args.set)
+    parts = parse_features(args.features)
+    fundamental = smallest_wavenumber(cfg)
+    if args.k_max is not None and args.k_max < fundamental:
+        raise ConfigError(f"--k-max: {args.k_max:g} h/Mpc is below the box's fundamental mode {fundamental:.4g} "
+                          f"h/Mpc (2 pi / data.mock.box_size_mpc_h={cfg.data.mock.box_size_mpc_h:g}): the bound "
+                          "would use no Fourier mode")
+    if args.summary_fisher and args.fisher_mocks < 2:
+        raise ConfigError(f"--fisher-mocks: expected at least 2, got {args.fisher_mocks}")
+    if args.fisher_matrix is not None and not args.summary_fisher:
+        raise ConfigError("--fisher-matrix: expected with --summary-fisher (it replaces that bound's mocks)")
+    data_dir = str(pathlib.Path(cfg.data.data_dir).resolve())
+    # The --json file, checked before the work, not after it: absent or this command's, in a folder it can
+    # write, never the --fisher-matrix file it reads (file identity, links followed), never in a folder of
+    # another kind (a run's, predictions)
+    transaction = OutputTransaction(Producer(TOOL, "cosmoflow", data=data_dir), force=False,
+                                    inputs=[args.config, *([args.fisher_matrix] if args.fisher_matrix else [])])
+    if args.json:
+        transaction.check([args.json], options={args.json: "--json"})
+    stored = None
+    if args.fisher_matrix is not None:
+        stored = stored_summary_fisher(args.fisher_matrix, cfg, args, parts)
+    mock, grid = cfg.data.mock, cfg.data.sample_shape[0]
+    report = {"grid": grid, "box_size_mpc_h": mock.box_size_mpc_h, "k_max": args.k_max,
+              "data_dir": data_dir, "bins": args.bins,
+              "fisher": fisher_report(cfg, args.k_max, tuple(args.known)), "known": args.known}
+    print(f"linear Fisher bound, one {grid}^3 volume of {mock.box_size_mpc_h:g} Mpc/h"
+          + (f", held fixed: {', '.join(args.known)}" if args.known else "") + ":")
+    for name, row in report["fisher"].items():
+        print(f"  {name:<8} sigma {row['sigma']:.4g} ({row['sigma_normalised']:.3f} normalised): "
+              f"best MAE {row['best_mae']:.3f} (training mean: 0.5)")
+    if args.summary_fisher:
+        summary_fisher_report(cfg, args, parts, report, stored)
+    elif not args.fisher_only:
+        regression_report(cfg, args, parts, report)
+    if args.json:
+        with transaction, transaction.reading(f"the bounds of {args.config}"):
+            transaction.json(args.json, report)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name=TOOL))

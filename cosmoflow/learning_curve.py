@@ -30,16 +30,18 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 
 import numpy as np
 import yaml
 
-from common.cli import exit_on_user_error
+from common.cli import exit_process, run_command
 from common.deferred import pyplot as plt
 from common.errors import UserInputError
-from common.storage.outputs import check_output_file, save_figure, write_json
+from common.storage.outputs import sha256_of
 from common.storage.plots import read_history
+from common.storage.transaction import OutputTransaction, Producer
+
+TOOL = "cosmoflow.learning_curve"
 
 # Imported where used, not here: matplotlib's pyplot, only where the figure is drawn.
 
@@ -116,6 +118,7 @@ def read_run(run_dir) -> dict:
     if metrics.get("split") != "validation":
         raise UserInputError(f"{run_dir / 'metrics.json'}: evaluated on split {metrics.get('split')!r}; expected "
                              f"'validation' (python -m cosmoflow.evaluate --run-dir {run_dir} --split validation)")
+    check_own_evaluation(run_dir, metrics, config)
     size = summary.get("train_samples_per_epoch")
     if not isinstance(size, int) or size < 1:
         raise UserInputError(f"{run_dir / 'summary.json'}: no train_samples_per_epoch; expected a finished training's summary")
@@ -129,6 +132,24 @@ def read_run(run_dir) -> dict:
         "epochs": {n: [v / metrics["baseline_mae"][n] for v in history[f"val_mae_{n}"]]
                    for n in names if f"val_mae_{n}" in history},
     }
+
+
+def check_own_evaluation(run_dir: pathlib.Path, metrics: dict, config: dict) -> None:
+    """The run's point is its own: ``metrics.json`` records an evaluation of the run's data folder (not one made
+    with ``--data-dir`` elsewhere) and of the network now in ``model.keras`` (not one a resumed training has
+    replaced since)."""
+    again = f"evaluate it again: python -m cosmoflow.evaluate --run-dir {run_dir}"
+    evaluated = metrics.get("evaluated")
+    if not isinstance(evaluated, dict):
+        raise UserInputError(f"{run_dir / 'metrics.json'}: does not record which data folder and model it evaluated "
+                             f"(written before evaluations recorded them); {again}")
+    own = str(pathlib.Path(config["data"]["data_dir"]).resolve())
+    if evaluated.get("data_dir") != own:
+        raise UserInputError(f"{run_dir / 'metrics.json'}: an evaluation of {evaluated.get('data_dir')}, not of the "
+                             f"run's data folder {own}; the curve draws each run on its own validation split: {again}")
+    if evaluated.get("model_sha256") != sha256_of(run_dir / "model.keras"):
+        raise UserInputError(f"{run_dir / 'metrics.json'}: an evaluation of another model than {run_dir / 'model.keras'} "
+                             f"(trained further since?); {again}")
 
 
 def network_curve(runs: list[dict]) -> dict:
@@ -346,21 +367,30 @@ def plot(networks: dict[str, dict], regressions: dict, title: str, bounds: dict 
     return fig
 
 
-def check_outputs(out: str, json_path: str | None, force: bool) -> None:
+def check_outputs(transaction: OutputTransaction, out: str, json_path: str | None) -> None:
     """Both outputs checked before anything is drawn or written: a PNG figure, a JSON elsewhere, each absent or
-    this suite's (or ``force``), each in a folder that can be written."""
+    this command's (or ``--force``), in a folder that can be written, neither one of the inputs."""
     if not out.lower().endswith(".png"):
         raise UserInputError(f"--out {out}: expected a .png file (the figure)")
-    outputs = [("--out", pathlib.Path(out))]
-    if json_path:
-        if pathlib.Path(json_path).resolve() == pathlib.Path(out).resolve():
-            raise UserInputError(f"--json {json_path}: the same file as --out; name another")
-        outputs.append(("--json", pathlib.Path(json_path)))
-    for option, path in outputs:
-        check_output_file(path, option, force)
+    if json_path and pathlib.Path(json_path).resolve() == pathlib.Path(out).resolve():
+        raise UserInputError(f"--json {json_path}: the same file as --out; name another")
+    transaction.check([out, *([json_path] if json_path else [])],
+                      options={out: "--out", **({json_path: "--json"} if json_path else {})})
 
 
-def main(argv=None) -> int:
+def inputs_of(args) -> list[pathlib.Path]:
+    """Every file the command reads: the JSONs named, and each run's records."""
+    files = [pathlib.Path(args.information), *map(pathlib.Path, args.bound)]
+    if args.earlier:
+        files.append(pathlib.Path(args.earlier))
+    for _, *directories in (*args.series, *args.extend):
+        for run in map(pathlib.Path, directories):
+            files += [run / name for name in ("metrics.json", "summary.json", "config.yaml", "history.csv",
+                                              "model.keras")]
+    return files
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.learning_curve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--information", required=True, help="JSON of python -m cosmoflow.information --train-sizes ...")
     parser.add_argument("--series", nargs="+", action="append", default=[], metavar="LABEL_THEN_RUNS",
@@ -380,60 +410,62 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the curves to this file")
     parser.add_argument("--title", default="CosmoFlow: validation MAE against training-set size")
     parser.add_argument("--force", action="store_true", help="replace outputs this tool did not write")
-    args = parser.parse_args(argv)
+    return parser
 
-    with exit_on_user_error():
-        check_outputs(args.out, args.json, args.force)
-        information = _read_json(pathlib.Path(args.information), "the JSON of python -m cosmoflow.information")
-        regressions = select_regressions(information, args.regressions, args.information)
-        earlier = read_earlier(args.earlier, information) if args.earlier else {"networks": {}, "runs": {}}
-        for label, *_ in (*args.series, *args.extend):
-            check_label(label, "--series/--extend")
-        taken = {label.casefold() for label in earlier["networks"]}
-        series = {}
-        for label, *directories in args.series:
-            if label.casefold() in taken:
-                raise UserInputError(f"--series {label}: the label is a series of --earlier {args.earlier} already; "
-                                     "choose another")
-            if not directories or label.casefold() in {name.casefold() for name in series}:
-                raise UserInputError(f"--series {label}: expected a new label followed by run directories")
-            series[label] = [read_run(run) for run in directories]
-            check_series(label, series[label], "--series")
-        extended = {}
-        for label, *directories in args.extend:
-            if not args.earlier or not directories or label in extended:
-                raise UserInputError(f"--extend {label}: expected --earlier JSON, then a series of it once, "
-                                     "followed by run directories")
-            extended[label] = extend_series(earlier, label, directories, args.earlier)
-            check_series(label, extended[label], "--extend")
-        if not series and not earlier["networks"]:
-            raise UserInputError("no networks to draw: give --series LABEL RUN_DIR... or --earlier JSON")
-        runs = [run for group in (*series.values(), *extended.values()) for run in group]
-        if runs:
-            check_same_data(information, runs, args.information)
-        bounds = read_bounds(args.bound, information, args.information)
-        networks = {**earlier["networks"], **{label: check_curve(network_curve(group), f"the series {label}")
-                                              for label, group in (*extended.items(), *series.items())}}
-        others = {label.casefold() for label in (*map(regression_label, regressions), *bounds)}
-        for label in networks:
-            if label.casefold() in others:
-                raise UserInputError(f"--series {label}: the label of a regression or bound drawn too; choose another")
-        print("validation MAE / training-mean MAE, mean +- std (networks: over seeds; ridge: over training draws)")
-        for label, curve in list(networks.items()) + [(regression_label(k), c) for k, c in regressions.items()]:
-            print(f"  {label}:")
-            for size, rows in curve.items():
-                print(f"    {int(size):>6} volumes: " + ", ".join(f"{n} {r['ratio_mean']:.3f} +- {r['ratio_std']:.3f}"
-                                                              for n, r in rows.items()))
-        for label, bound in bounds.items():
-            print(f"  {label}: " + ", ".join(f"{n} {value:.3f}" for n, value in bound.items()))
-        save_figure(plot(networks, regressions, args.title, bounds), args.out, "cosmoflow.learning_curve",
-                    force=args.force)
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    transaction = OutputTransaction(Producer(TOOL, "cosmoflow"), args.force, inputs=inputs_of(args))
+    check_outputs(transaction, args.out, args.json)
+    information = _read_json(pathlib.Path(args.information), "the JSON of python -m cosmoflow.information")
+    regressions = select_regressions(information, args.regressions, args.information)
+    earlier = read_earlier(args.earlier, information) if args.earlier else {"networks": {}, "runs": {}}
+    for label, *_ in (*args.series, *args.extend):
+        check_label(label, "--series/--extend")
+    taken = {label.casefold() for label in earlier["networks"]}
+    series = {}
+    for label, *directories in args.series:
+        if label.casefold() in taken:
+            raise UserInputError(f"--series {label}: the label is a series of --earlier {args.earlier} already; "
+                                 "choose another")
+        if not directories or label.casefold() in {name.casefold() for name in series}:
+            raise UserInputError(f"--series {label}: expected a new label followed by run directories")
+        series[label] = [read_run(run) for run in directories]
+        check_series(label, series[label], "--series")
+    extended = {}
+    for label, *directories in args.extend:
+        if not args.earlier or not directories or label in extended:
+            raise UserInputError(f"--extend {label}: expected --earlier JSON, then a series of it once, "
+                                 "followed by run directories")
+        extended[label] = extend_series(earlier, label, directories, args.earlier)
+        check_series(label, extended[label], "--extend")
+    if not series and not earlier["networks"]:
+        raise UserInputError("no networks to draw: give --series LABEL RUN_DIR... or --earlier JSON")
+    runs = [run for group in (*series.values(), *extended.values()) for run in group]
+    if runs:
+        check_same_data(information, runs, args.information)
+    bounds = read_bounds(args.bound, information, args.information)
+    networks = {**earlier["networks"], **{label: check_curve(network_curve(group), f"the series {label}")
+                                          for label, group in (*extended.items(), *series.items())}}
+    others = {label.casefold() for label in (*map(regression_label, regressions), *bounds)}
+    for label in networks:
+        if label.casefold() in others:
+            raise UserInputError(f"--series {label}: the label of a regression or bound drawn too; choose another")
+    print("validation MAE / training-mean MAE, mean +- std (networks: over seeds; ridge: over training draws)")
+    for label, curve in list(networks.items()) + [(regression_label(k), c) for k, c in regressions.items()]:
+        print(f"  {label}:")
+        for size, rows in curve.items():
+            print(f"    {int(size):>6} volumes: " + ", ".join(f"{n} {r['ratio_mean']:.3f} +- {r['ratio_std']:.3f}"
+                                                          for n, r in rows.items()))
+    for label, bound in bounds.items():
+        print(f"  {label}: " + ", ".join(f"{n} {value:.3f}" for n, value in bound.items()))
+    with transaction, transaction.reading(args.information):
+        transaction.figure(plot(networks, regressions, args.title, bounds), args.out)
         if args.json:
-            write_json(args.json, {"networks": networks, "regressions": regressions, "bounds": bounds,
-                                   "runs": {**earlier["runs"], **extended, **series}},
-                       "cosmoflow.learning_curve", force=args.force)
+            transaction.json(args.json, {"networks": networks, "regressions": regressions, "bounds": bounds,
+                                         "runs": {**earlier["runs"], **extended, **series}})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name=TOOL))

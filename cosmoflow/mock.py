@@ -17,7 +17,7 @@ sample (MLPerf layout: ``x`` int16 bytes, ``y`` float32[4]), or HDF5 files with
 ``full`` (counts, channels last) and ``unitPar``.  ``DIR`` must be absent or
 empty (or a symbolic link to an empty folder, which is filled); it appears only
 when complete (written to a new folder beside it and renamed,
-:func:`common.storage.outputs.generated_folder`), and whatever would stop that
+:func:`common.storage.transaction.generated_folder`), and whatever would stop that
 (a link to nothing, a path under a file, a folder that cannot be written
 beside) is a one-line error before any sample is computed.
 """
@@ -29,15 +29,15 @@ import logging
 import multiprocessing
 import os
 import pathlib
-import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import h5py
 import numpy as np
 
-from common.cli import exit_on_user_error, non_negative_int_argument, positive_int_argument
+from common.cli import exit_process, non_negative_int_argument, positive_int_argument, run_command
 from common.config import load_config
-from common.storage.outputs import generated_folder, mark_hdf5
+from common.storage.outputs import mark_hdf5
+from common.storage.transaction import generated_folder
 from common.console.progress import Progress
 from common.deferred import tensorflow as tf   # imported at first use: only the TFRecord layout needs it
 from common.errors import ConfigError, UserInputError
@@ -266,7 +266,7 @@ def prepare_data(cfg) -> None:
         log.info(f"generated mock universes in {cfg.data.data_dir}")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.mock", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="take data_dir, shape, format and mock settings from this config")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
@@ -283,33 +283,36 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=non_negative_int_argument, help="default: data.mock.seed")
     parser.add_argument("--workers", type=positive_int_argument,
                         help="processes computing samples (default: one per CPU)")
-    args = parser.parse_args(argv)
+    return parser
 
 
-    with exit_on_user_error():
-        raw_defaults = {"data": {"data_dir": args.out or "data/cosmoflow-mock"}}
-        cfg = load_config(CosmoflowConfig, args.config, args.set, defaults=raw_defaults)
-        data = cfg.data
-        out = pathlib.Path(args.out or data.data_dir)
-        mock = data.mock.model_copy(update={"seed": args.seed} if args.seed is not None else {})
-        file_format = args.format or data.format
-        if args.crops_per_side > 1 and file_format != "hdf5":
-            raise UserInputError(f"--crops-per-side {args.crops_per_side}: only HDF5 files hold volumes cut into "
-                                 f"crops (--format hdf5); a {file_format} file holds one sample")
-        if args.gzip and file_format != "tfrecord":
-            raise UserInputError(f"--gzip: only TFRecord files are compressed (--format tfrecord), not {file_format}")
-        if dataset_present(out):
-            print(f"mock data already present in {out}; to regenerate, remove it or choose another --out")
-            return 0
-        grid = data.sample_shape[0] if args.size is None else args.size
-        generate_dataset(out, mock.n_train if args.n_train is None else args.n_train,
-                         mock.n_valid if args.n_valid is None else args.n_valid, grid, mock,
-                         file_format=file_format,
-                         compression="gzip" if args.gzip else data.compression,
-                         crops_per_side=args.crops_per_side, workers=args.workers)
-        print(f"wrote mock universes to {out}")
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+
+
+    raw_defaults = {"data": {"data_dir": args.out or "data/cosmoflow-mock"}}
+    cfg = load_config(CosmoflowConfig, args.config, args.set, defaults=raw_defaults)
+    data = cfg.data
+    out = pathlib.Path(args.out or data.data_dir)
+    mock = data.mock.model_copy(update={"seed": args.seed} if args.seed is not None else {})
+    file_format = args.format or data.format
+    if args.crops_per_side > 1 and file_format != "hdf5":
+        raise UserInputError(f"--crops-per-side {args.crops_per_side}: only HDF5 files hold volumes cut into "
+                             f"crops (--format hdf5); a {file_format} file holds one sample")
+    if args.gzip and file_format != "tfrecord":
+        raise UserInputError(f"--gzip: only TFRecord files are compressed (--format tfrecord), not {file_format}")
+    if dataset_present(out):
+        print(f"mock data already present in {out}; to regenerate, remove it or choose another --out")
+        return 0
+    grid = data.sample_shape[0] if args.size is None else args.size
+    generate_dataset(out, mock.n_train if args.n_train is None else args.n_train,
+                     mock.n_valid if args.n_valid is None else args.n_valid, grid, mock,
+                     file_format=file_format,
+                     compression="gzip" if args.gzip else data.compression,
+                     crops_per_side=args.crops_per_side, workers=args.workers)
+    print(f"wrote mock universes to {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name="cosmoflow.mock"))

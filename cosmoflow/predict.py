@@ -33,13 +33,12 @@ import pathlib
 import numpy as np
 
 from common.application import Predictor
-from common.cli import exit_process
 from common.deferred import DeferredModule, h5py
 from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.deferred import tensorflow as tf
 from common.loop.epochs import evaluation_walk
 from common.errors import DataError
-from common.predict import run_predict
+from common.predict import main as predict_main
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
 
 # At its first use (TensorFlow), so that the declaration and --help answer without it.
@@ -248,4 +247,4 @@ PREDICTOR = Predictor(
 
 
 if __name__ == "__main__":
-    exit_process(run_predict("cosmoflow", description=__doc__.split("\n\n")[0]))
+    predict_main("cosmoflow", description=__doc__.split("\n\n")[0])

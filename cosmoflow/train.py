@@ -4,8 +4,8 @@
     horovodrun -np 2 -H localhost:2 --gloo python -m cosmoflow.train --config ...
 """
 
-from common.cli import exit_process, run_train
+from common.cli import train_main
 
 if __name__ == "__main__":
     # The application (and TensorFlow with it) is imported by run_train, after its signal handlers.
-    exit_process(run_train("cosmoflow"))
+    train_main("cosmoflow")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pathlib
 
 from common.application import Application, Parts
-from hep_cnn.config import HepConfig
+from common.commands import Command, Output, datatools_command, parser_of
+from common.storage.sample_files import DatasetFiles
+from hep_cnn.config import SPLIT_NAMES, HepConfig
 from hep_cnn.evaluate import EVALUATOR
 from hep_cnn.predict import PREDICTOR
 
@@ -30,4 +32,14 @@ APPLICATION = Application(
     evaluation=EVALUATOR,
     prediction=PREDICTOR,
     default_config=REPO_ROOT / "configs" / "hep_cnn" / "demo.yaml",
+    commands=(
+        Command("hep_cnn.synth", parser_of("hep_cnn.synth"), reads=(("--config", "config"),),
+                writes=(Output("--out", "generated"),), summary="synthetic calorimeter events"),
+        # The splits share one folder: a subset draws its events from each split.
+        datatools_command("hep_cnn.data", DatasetFiles(
+            "HEP", ("*.h5", "*.hdf5"), rows_per_file=True, count_datasets=("label", "all_events/y", "y"),
+            split_tags=tuple(tag for tags in SPLIT_NAMES.values() for tag in tags))),
+        Command("hep_cnn.maxima", parser_of("hep_cnn.maxima"), reads=(("--config", "config"),),
+                writes=(Output("", "file"),), summary="the training split's channel maxima (the derived folder)"),
+    ),
 )

@@ -9,6 +9,9 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from common.config import MEANING, AppConfig, DataSection, Section
 
+# The files of each split, told by a word in their names (data.split: by_name).
+SPLIT_NAMES = {"train": ("train",), "validation": ("val",), "test": ("test",)}
+
 log = logging.getLogger(__name__)
 
 

@@ -22,17 +22,11 @@ evaluation walk); this module keeps the batches hook (:func:`_batches`).
 
 from __future__ import annotations
 
-# The files of each split, told by a word in their names (data.split: by_name).
-SPLIT_NAMES = {"train": ("train",), "validation": ("val",), "test": ("test",)}
-
 # The data tools (subset, manifest, verify: common/tools/datatools.py) need no TensorFlow: run before it loads.
 # The splits share one folder: a subset draws its events from each split.
 if __name__ == "__main__":
-    from common.tools.datatools import DatasetFiles, main
-    raise SystemExit(main(DatasetFiles("HEP", ("*.h5", "*.hdf5"), rows_per_file=True,
-                                 count_datasets=("label", "all_events/y", "y"),
-                                 split_tags=tuple(tag for tags in SPLIT_NAMES.values() for tag in tags)),
-                          prog="python -m hep_cnn.data"))
+    from common.tools.datatools import command_main   # its layout: the application's declaration
+    command_main("hep_cnn.data")
 
 import dataclasses
 import json
@@ -45,15 +39,18 @@ import numpy as np
 import tensorflow as tf
 
 from common.application import Datasets
+from hep_cnn.config import SPLIT_NAMES
 from common.loop import epochs
 from common.storage.data import check_quietly, list_files, reading, screen_files, select_count
 from common.storage.derived import derived_dir, derived_file, writable_derived
-from common.storage.outputs import check_replaceable, write_json
+from common.storage.transaction import file_transaction, write_json_file
 from common.distributed import Distributed
 from common.errors import DataError
 from hep_cnn.config import HepConfig
 from hep_cnn.loss import training_example
 from hep_cnn.synth import dataset_present, generate_dataset
+
+MAXIMA_TOOL = "hep_cnn.maxima"   # what the maxima file says wrote it
 
 log = logging.getLogger(__name__)
 
@@ -264,9 +261,9 @@ def write_maxima(cfg: HepConfig, force: bool = False, path=None) -> dict:
     """Compute and write the maxima into ``path`` (default: the derived folder, never the data folder); a file
     there that this suite did not write is kept (an error) unless ``force``."""
     path = writable_derived(derived_dir(cfg.data) / cfg.data.maxima_file) if path is None else path
-    check_replaceable(path, force, "pass --force to replace it, or set data.maxima_file to another name")
+    file_transaction(path, MAXIMA_TOOL, force)   # checked before the pass over the training split
     maxima = compute_maxima(cfg)
-    write_json(path, maxima, "hep_cnn.maxima", force)
+    write_json_file(path, maxima, MAXIMA_TOOL, force, source=f"the training split of {cfg.data.data_dir}")
     return maxima
 
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from common.application import Evaluator
-from common.cli import exit_process
 from common.deferred import pyplot as plt   # at the first figure (Agg backend)
-from common.evaluate import evaluate_run, run_evaluate
+from common.evaluate import evaluate_run, main as evaluate_main
 from hep_cnn.config import HepConfig
 
 # Imported where used, not here: hep_cnn.model (Keras) and
@@ -90,4 +89,4 @@ def evaluate(run_dir, split: str = "test", data_dir: str | None = None, force: b
 
 
 if __name__ == "__main__":
-    exit_process(run_evaluate("hep_cnn"))
+    evaluate_main("hep_cnn")

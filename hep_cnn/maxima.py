@@ -17,28 +17,30 @@ when a run finds none).
 from __future__ import annotations
 
 import argparse
-import sys
 
-from common.cli import exit_on_user_error
+from common.cli import exit_process, run_command
 from common.config import load_config
 from hep_cnn.config import HepConfig
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hep_cnn.maxima", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--force", action="store_true", help="replace a maxima file this suite did not write")
-    args = parser.parse_args(argv)
-    with exit_on_user_error():
-        # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
-        from hep_cnn.data import maxima_path, write_maxima
+    return parser
 
-        cfg = load_config(HepConfig, args.config, args.set)
-        maxima = write_maxima(cfg, args.force)
-        print(f"wrote {maxima_path(cfg)}: channel maxima {maxima['channel_max']}, weight max {maxima['weight_max']:.4g}")
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    # deferred: TensorFlow, loaded only after the arguments are parsed (--help answers without it)
+    from hep_cnn.data import maxima_path, write_maxima
+
+    cfg = load_config(HepConfig, args.config, args.set)
+    maxima = write_maxima(cfg, args.force)
+    print(f"wrote {maxima_path(cfg)}: channel maxima {maxima['channel_max']}, weight max {maxima['weight_max']:.4g}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name="hep_cnn.maxima"))

@@ -44,13 +44,13 @@ import pathlib
 import numpy as np
 
 from common.application import Predictor
-from common.cli import exit_process
 from common.deferred import DeferredModule, h5py
 from common.deferred import pyplot as plt   # at the first figure (Agg backend)
 from common.errors import DataError
 from common.loop.epochs import evaluation_walk
-from common.predict import run_predict
+from common.predict import main as predict_main
 from common.storage.outputs import mark_hdf5
+from common.cli import finite_number_argument, fraction_argument
 from hep_cnn.config import HepConfig
 
 # At their first use, after the arguments are checked: the readers (TensorFlow), the model (Keras), the metrics
@@ -188,6 +188,21 @@ def threshold_at(scores, labels, weights, target: float) -> tuple[float, float, 
     return threshold, float(fpr[index]), float(tpr[index])
 
 
+def check_both_classes(cfg: HepConfig, labels, weights, needs: str) -> None:
+    """A working point read off the validation split's weighted ROC needs signal and background there, each of
+    positive total weight (the efficiencies are ratios to those weights): a one-line DataError naming the split's
+    folder and files, and --threshold, otherwise."""
+    for value, name in ((0, "background"), (1, "signal")):
+        chosen = labels == value
+        if np.any(chosen) and np.sum(weights[chosen]) > 0:
+            continue
+        files = sorted({pathlib.Path(chunk.path).name for chunk in hep_data.split_chunks(cfg, "validation")})
+        listed = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+        held = f"holds no {name} events" if not np.any(chosen) else f"holds {name} events of total weight 0"
+        raise DataError(f"{cfg.data.data_dir} (the run's validation split: {listed}): {held} (label {value}): "
+                        f"{needs} needs both classes there; pass --threshold T to predict without it")
+
+
 # One working point per model in a process: every input of a rank shares it (the validation split read once).
 _WORKING_POINTS: dict[int, tuple[object, WorkingPoint]] = {}
 
@@ -206,8 +221,10 @@ def working_point(cfg: HepConfig, model, options) -> WorkingPoint:
     except DataError as exc:
         raise DataError(f"{exc} (the working point is chosen on the run's labelled validation split; give "
                         "--threshold T to predict without it)") from None
-    cut_tpr, cut_fpr = hep_metrics.selection_rates(pass_sr, labels, weights)
     target = getattr(options, "background_efficiency", None)
+    check_both_classes(cfg, labels, weights, "the default working point" if target is None else
+                       "--background-efficiency")
+    cut_tpr, cut_fpr = hep_metrics.selection_rates(pass_sr, labels, weights)
     chosen_by = "cuts" if target is None else "background_efficiency"
     target = cut_fpr if target is None else float(target)
     threshold, fpr, tpr = threshold_at(scores, labels, weights, target)
@@ -310,18 +327,7 @@ def report(index: dict) -> list[str]:
     return lines
 
 
-def background_efficiency(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise ValueError(text)
-    return value
-
-
-def finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
+background_efficiency = fraction_argument()   # (0, 1]
 
 
 def add_options(parser) -> None:
@@ -329,7 +335,7 @@ def add_options(parser) -> None:
     chosen.add_argument("--background-efficiency", type=background_efficiency, metavar="X",
                         help="select at the network's weighted background efficiency X (0 < X <= 1) on the run's "
                              "validation split (default: the cut-based selection's there)")
-    chosen.add_argument("--threshold", type=finite, metavar="T", help="select events with score >= T")
+    chosen.add_argument("--threshold", type=finite_number_argument, metavar="T", help="select events with score >= T")
 
 
 # Part of the HEP CNN's declaration (hep_cnn/application.py).
@@ -340,4 +346,4 @@ PREDICTOR = Predictor(
 
 
 if __name__ == "__main__":
-    exit_process(run_predict("hep_cnn"))
+    predict_main("hep_cnn")

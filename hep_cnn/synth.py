@@ -30,15 +30,15 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
-import sys
 
 import h5py
 import numpy as np
 
-from common.cli import exit_on_user_error, non_negative_int_argument, positive_int_argument
+from common.cli import exit_process, non_negative_int_argument, positive_int_argument, run_command
 from common.config import load_config
 from common.console.progress import Progress
-from common.storage.outputs import generated_folder, mark_hdf5
+from common.storage.outputs import mark_hdf5
+from common.storage.transaction import generated_folder
 from hep_cnn.config import HepConfig
 
 CUT_JET_PT = 80.0
@@ -164,7 +164,7 @@ def generate_dataset(out_dir, n_train: int, n_validation: int, n_test: int, imag
                      signal_fraction: float = 0.5, events_per_file: int = 1000, seed: int = 2017,
                      layout: str = "all_events", progress: bool = True) -> pathlib.Path:
     """Write train/val/test files into an absent or empty ``out_dir`` (or the empty folder it links to); it
-    appears only when complete (:func:`common.storage.outputs.generated_folder`)."""
+    appears only when complete (:func:`common.storage.transaction.generated_folder`)."""
     out_dir = pathlib.Path(out_dir)
     writer = write_all_events if layout == "all_events" else write_benchmark
     total = n_train + n_validation + n_test
@@ -188,7 +188,7 @@ def dataset_present(directory) -> bool:
     return directory.is_dir() and any(p.suffix in (".h5", ".hdf5") for p in directory.iterdir())
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hep_cnn.synth", description="Synthetic calorimeter events.")
     parser.add_argument("--config", help="take data_dir, image size, layout and counts from this config")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -200,26 +200,29 @@ def main(argv=None) -> int:
     parser.add_argument("--layout", choices=["all_events", "benchmark"],
                         help="default: data.layout (all_events where it is auto)")
     parser.add_argument("--seed", type=non_negative_int_argument, help="default: data.synth.seed")
-    args = parser.parse_args(argv)
+    return parser
 
-    with exit_on_user_error():
-        cfg = load_config(HepConfig, args.config, args.set,
-                          defaults={"data": {"data_dir": args.out or "data/hep-synthetic"}})
-        out = pathlib.Path(args.out or cfg.data.data_dir)
-        if dataset_present(out):
-            print(f"events already present in {out}; to regenerate, remove it or choose another --out")
-            return 0
-        synth = cfg.data.synth
-        generate_dataset(out, synth.n_train if args.n_train is None else args.n_train,
-                         synth.n_validation if args.n_validation is None else args.n_validation,
-                         synth.n_test if args.n_test is None else args.n_test,
-                         cfg.data.image_size if args.image_size is None else args.image_size,
-                         synth.signal_fraction, synth.events_per_file,
-                         synth.seed if args.seed is None else args.seed,
-                         args.layout or ("all_events" if cfg.data.layout == "auto" else cfg.data.layout))
-        print(f"wrote synthetic events to {out}")
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+
+    cfg = load_config(HepConfig, args.config, args.set,
+                      defaults={"data": {"data_dir": args.out or "data/hep-synthetic"}})
+    out = pathlib.Path(args.out or cfg.data.data_dir)
+    if dataset_present(out):
+        print(f"events already present in {out}; to regenerate, remove it or choose another --out")
+        return 0
+    synth = cfg.data.synth
+    generate_dataset(out, synth.n_train if args.n_train is None else args.n_train,
+                     synth.n_validation if args.n_validation is None else args.n_validation,
+                     synth.n_test if args.n_test is None else args.n_test,
+                     cfg.data.image_size if args.image_size is None else args.image_size,
+                     synth.signal_fraction, synth.events_per_file,
+                     synth.seed if args.seed is None else args.seed,
+                     args.layout or ("all_events" if cfg.data.layout == "auto" else cfg.data.layout))
+    print(f"wrote synthetic events to {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name="hep_cnn.synth"))

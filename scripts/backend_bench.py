@@ -33,6 +33,7 @@ import common  # noqa: E402,F401  (before TensorFlow, where the backend is Tenso
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from common.cli import positive_int_argument  # noqa: E402
 from common.config import load_config  # noqa: E402
 from common.nn.flops import TRAINING_FLOPS_FACTOR, forward_flops_per_sample  # noqa: E402
 from common.nn.precision import compute_dtype, set_precision  # noqa: E402
@@ -105,16 +106,20 @@ def time_training(network, loss, x, y, steps: int, jit_compile) -> tuple[float, 
     return (time.perf_counter() - start) / steps, float(np.asarray(value).reshape(-1)[0])
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--apps", default=",".join(APPS))
     parser.add_argument("--precision", default="mixed_bfloat16", choices=["fp32", "mixed_bfloat16", "mixed_float16"])
-    parser.add_argument("--batch-size", type=int, help="per app default: the config's")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch-size", type=positive_int_argument, help="per app default: the config's")
+    parser.add_argument("--steps", type=positive_int_argument, default=10)
     parser.add_argument("--xla", choices=["off", "on", "both", "auto"], default="auto",
                         help="TensorFlow: jit_compile (off on CPUs: 5.7x slower for 3D convs); JAX always compiles")
     parser.add_argument("--tiny", action="store_true", help="small shapes, for a CPU check")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     backend = keras.backend.backend()
     set_precision(args.precision)
     dtype = compute_dtype(args.precision)

@@ -27,6 +27,7 @@ from sklearn.metrics import roc_auc_score
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from common.cli import exit_process, non_negative_int_argument, positive_int_argument, run_command  # noqa: E402
 from hep_cnn.synth import draw_jets, eta_range  # noqa: E402
 
 LEADING = 8
@@ -45,12 +46,16 @@ def jet_features(jets: np.ndarray, eta_max: float, quark_flags: bool) -> np.ndar
     return features
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=120_000)
-    parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    parser.add_argument("--events", type=positive_int_argument, default=120_000)
+    parser.add_argument("--image-size", type=positive_int_argument, default=64)
+    parser.add_argument("--seed", type=non_negative_int_argument, default=0)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     rng = np.random.default_rng(args.seed)
     labels = (rng.random(args.events) < 0.5).astype(int)
     events = [draw_jets(rng, bool(y)) for y in labels]
@@ -65,4 +70,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name="scripts.hep_truth_ceiling"))

@@ -23,16 +23,17 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common.cli import exit_process, positive_int_argument, run_command  # noqa: E402
 from common.deferred import pyplot as plt  # noqa: E402
-from common.errors import UserInputError  # noqa: E402
-from common.storage.outputs import check_run_dir, mark_run_dir, write_json  # noqa: E402
+from common.storage.transaction import OutputTransaction, Producer  # noqa: E402
+
+TOOL = "scripts.labeled_fraction_experiment"
 
 CONFIGS = {"supervised": "configs/climate_seg/demo_detect_supervised.yaml",
            "semi-supervised": "configs/climate_seg/demo_detect.yaml"}
@@ -46,21 +47,18 @@ def run_one(out: pathlib.Path, mode: str, fraction: float, seed: int, ranks: int
         epochs = max(1, round(REFERENCE_EPOCHS * REFERENCE_FRACTION / fraction))
         python = sys.executable
         env = {**os.environ, "PATH": f"{pathlib.Path(python).parent}:{os.environ.get('PATH', '')}"}
-        started = time.perf_counter()
         subprocess.run(["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", python, "-m",
                         "climate_seg.train", "--config", CONFIGS[mode], "--output-dir", str(run_dir), "--force",
                         "--set", f"train.seed={seed}", "--set", f"data.labeled_fraction={fraction}",
                         "--set", f"train.epochs={epochs}", "--set", "train.tensorboard=false"],
                        cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
-        seconds = time.perf_counter() - started
         subprocess.run([python, "-m", "climate_seg.evaluate", "--run-dir", str(run_dir)], cwd=REPO, env=env,
                        check=True, stdout=subprocess.DEVNULL)
-        (run_dir / "experiment_train_seconds.txt").write_text(f"{seconds:.1f}\n")
     metrics = json.loads(metrics_path.read_text())
-    seconds_file = run_dir / "experiment_train_seconds.txt"
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     return {"mode": mode, "fraction": fraction, "seed": seed, "map_0.1": metrics["map"]["iou_0.1"],
             "map_0.5": metrics["map"]["iou_0.5"], "ap_0.1": metrics["ap"]["iou_0.1"],
-            "train_seconds": float(seconds_file.read_text()) if seconds_file.is_file() else None}
+            "train_seconds": summary.get("wall_time_s")}
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -90,30 +88,32 @@ def plot(summary: list[dict], path: pathlib.Path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle("Detection demo: mean and spread (1 std) over seeds", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fractions", default="0.05,0.1,0.25")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", default="runs/labeled-fractions")
-    parser.add_argument("--np", type=int, default=2, help="Horovod ranks per run")
-    args = parser.parse_args(argv)
+    parser.add_argument("--np", type=positive_int_argument, default=2, help="Horovod ranks per run")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     fractions = [float(f) for f in args.fractions.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
-    out = pathlib.Path(args.out)
-    try:
-        check_run_dir(out, resume=False, force=False)
-    except UserInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    mark_run_dir(out, "labeled_fraction_experiment")
+    out = pathlib.Path(args.out).absolute()
+    # The study's own outputs (the runs are trainings of their own, each its run folder): checked before the
+    # hours of training, written together at the end, each absent or this script's
+    results = OutputTransaction(Producer(TOOL, "climate_seg"))
+    results.check([out / "results.json", out / "labeled_fractions.png"])
     rows = [run_one(out, mode, f, s, args.np) for f in fractions for s in seeds for mode in CONFIGS]
     summary = summarise(rows)
-    write_json(out / "results.json", {"runs": rows, "summary": summary}, "scripts/labeled_fraction_experiment.py")
-    plot(summary, out / "labeled_fractions.png")
+    with results, results.reading(out):
+        results.json(out / "results.json", {"runs": rows, "summary": summary})
+        results.figure(plot(summary), out / "labeled_fractions.png")
     print("fraction  mode              mAP@0.1 (mean +- std; per seed)          mAP@0.5")
     for fraction in fractions:
         for mode in CONFIGS:
@@ -127,4 +127,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name=TOOL))

@@ -234,6 +234,25 @@ def tree_state(*folders) -> dict:
             for folder in map(pathlib.Path, folders) if folder.exists() for p in sorted([folder, *folder.rglob("*")])}
 
 
+def tree_contents(*folders) -> dict:
+    """Every path under ``folders`` with what it is: a file's bytes, mode and mtime, a link's target, a folder's
+    mode (not its mtime, which any entry made and removed again changes): what a command that failed or was
+    interrupted after its claim must leave as it found it."""
+    found = {}
+    for folder in map(pathlib.Path, folders):
+        if not (folder.exists() or folder.is_symlink()):
+            continue
+        for path in sorted([folder, *folder.rglob("*")]):
+            status = path.lstat()
+            if path.is_symlink():
+                found[str(path)] = ("link", os.readlink(path))
+            elif path.is_dir():
+                found[str(path)] = ("folder", status.st_mode)
+            else:
+                found[str(path)] = ("file", status.st_mode, status.st_mtime_ns, path.read_bytes())
+    return found
+
+
 def tmp_root() -> pathlib.Path:
     """Where the tests' files are (pytest's temporary folders): a message naming one of them names a file."""
     return SYSTEM_TEMP

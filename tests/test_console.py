@@ -1,5 +1,5 @@
-"""The console: the application contract and --help without TensorFlow, TensorFlow's start-up lines kept
-off standard error unless the user asks for them, the callback order checked."""
+"""The console: the application contract without TensorFlow (--help of every command: tests/test_contract.py),
+TensorFlow's start-up lines kept off standard error unless the user asks for them, the callback order checked."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ import pytest
 from common.console import quiet
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENTRY_POINTS = ["cosmoflow.train", "hep_cnn.train", "climate_seg.train", "cosmoflow.evaluate", "hep_cnn.evaluate",
-                "climate_seg.evaluate", "common.tools.check_data", "common.tools.bench", "common.tools.slurm",
-                "common.tools.scaling", "common.tools.sysbench", "common.tools.build_info", "cosmoflow.data",
-                "hep_cnn.data", "climate_seg.cam5.data"]
 # Any Abseil log line, at any level: "E0000 00:00:1796281232.920796   21326 util.cc:131] ...".
 ABSEIL_LINE = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] ")
 
@@ -35,19 +31,6 @@ def test_contract_and_applications_import_no_tensorflow():
     result = _python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
-
-
-@pytest.mark.parametrize("module", ENTRY_POINTS)
-def test_help_answers_before_tensorflow(module):
-    # runpy runs the entry point as `python -m` would; argparse's --help exits before any TensorFlow import.
-    code = (f"import runpy, sys; sys.argv = ['{module}', '--help']\n"
-            f"try:\n    runpy.run_module('{module}', run_name='__main__')\n"
-            "except SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n"
-            "print('TF' if 'tensorflow' in sys.modules else 'no TF')")
-    result = _python(code)
-    assert result.returncode == 0, result.stderr
-    assert "usage:" in result.stdout
-    assert result.stdout.strip().endswith("no TF")
 
 
 def test_tensorflow_start_up_lines_filtered_but_errors_kept():

@@ -426,13 +426,14 @@ def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
     report = json.loads(out.read_text())
     assert report["peak_flops"] > 1e9 and report["precision"] == "fp32"
     # The trace folder is the bench's (marked, locked while it traced); a user's folder is never traced into.
-    assert json.loads((tmp_path / "trace" / ".hpc-dl-suite-run").read_text())["kind"] == "profile"
+    marker = json.loads((tmp_path / "trace" / ".hpc-dl-suite-run").read_text())
+    assert marker["kind"] == "profile" and "rank0/" in marker["files"] and (tmp_path / "trace" / "rank0").is_dir()
     users = tmp_path / "my-notes"
     users.mkdir()
     (users / "notes.txt").write_text("mine")
     refused = run_python(["-m", "common.tools.bench", "--config", DEMO, *overrides, "--steps", "4",
                           "--profile", str(users)], check=False)
-    assert refused.returncode == 2 and "--profile needs a new or empty folder" in refused.stderr.splitlines()[-1]
+    assert refused.returncode == 2 and "--profile names a new or empty folder" in refused.stderr.splitlines()[-1]
     assert [p.name for p in users.iterdir()] == ["notes.txt"]
     for section in ("compute", "input", "end_to_end"):
         assert report[section]["samples_per_second"] > 0, section

@@ -324,7 +324,8 @@ def test_bad_json_and_fisher_mocks_are_refused_before_any_work(tmp_path):
     (tmp_path / "folder").mkdir()
     cases = [(["--fisher-only", "--json", str(users)], f"{users}: exists and was not written by this suite"),
              (["--fisher-only", "--json", str(tmp_path / "folder")], "--json names a folder"),
-             (["--fisher-only", "--json", str(tmp_path / "missing" / "x.json")], "folder not found"),
+             (["--fisher-only", "--json", str(users / "x.json")], f"{users}: the folder of --json x.json cannot be "
+                                                                    "created"),
              (["--summary-fisher", "--fisher-mocks", "1"], "--fisher-mocks: expected at least 2, got 1"),
              (["--fisher-only", "--k-max", "0.02"], "--k-max: 0.02 h/Mpc is below the box's fundamental mode")]
     for extra, expected in cases:
@@ -373,7 +374,7 @@ def test_a_stored_summary_fisher_matrix_gives_its_bounds_again_and_a_foreign_one
                         (["--set", "data.mock.seed=7"], "summary_fisher.volumes.seed is 2026, this config's 7"),
                         (["--set", "data.mock.omega_m_range=[0.25,0.35]"], "summary_fisher.volumes.ranges is"),
                         (["--known", "H0"], "known is [], this command's ['H0']"),
-                        (["--json", str(first)], f"--json {first}: the --fisher-matrix file; name another"),
+                        (["--json", str(first)], f"{first}: --json is also an input of this command"),
                         (["--fisher-matrix", ""], "--fisher-matrix: expected a file name, got ''"),
                         (["--fisher-matrix", str(tmp_path / "broken.json")],
                          "summary_fisher.matrix is not finite, or a parameter with no information"),

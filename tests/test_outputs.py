@@ -199,15 +199,22 @@ def test_a_yaml_file_the_suite_wrote_is_known_by_its_first_line(tmp_path):
     import yaml   # deferred: only this test reads YAML back
 
     from common.storage import outputs
+    from common.storage.transaction import OutputTransaction, Producer
+
+    def write(path, payload):
+        transaction = OutputTransaction(Producer("common.tools.sysbench"))
+        transaction.check([path])
+        with transaction:
+            transaction.yaml(path, payload)
 
     ours, theirs = tmp_path / "measured.yaml", tmp_path / "mine.yaml"
-    outputs.write_yaml(ours, {"name": "virtual", "network": {"latency_s": 1e-3}}, "common.tools.sysbench")
+    write(ours, {"name": "virtual", "network": {"latency_s": 1e-3}})
     theirs.write_text("# my system\nname: mine\n")
     assert outputs.written_by_suite(ours) and not outputs.written_by_suite(theirs)
     assert yaml.safe_load(ours.read_text()) == {"name": "virtual", "network": {"latency_s": 1e-3}}
-    outputs.write_yaml(ours, {"name": "again"}, "common.tools.sysbench")
+    write(ours, {"name": "again"})
     with pytest.raises(Exception, match="mine.yaml"):
-        outputs.write_yaml(theirs, {"name": "x"}, "common.tools.sysbench")
+        write(theirs, {"name": "x"})
     assert theirs.read_text() == "# my system\nname: mine\n"
 
 
@@ -344,7 +351,7 @@ def test_a_killed_writes_temporary_file_is_removed_by_the_next_holder_of_the_loc
 # One generation, as a process of its own: fill the work folder halfway, say where it is, then wait to be killed.
 GENERATE = """
 import sys, time
-from common.storage.outputs import generated_folder
+from common.storage.transaction import generated_folder
 with generated_folder(sys.argv[1], "test data") as work:
     (work / "half.txt").write_text("half")
     print(work, flush=True)
@@ -367,7 +374,7 @@ def start_generation(target: pathlib.Path):
 
 
 def generate(target: pathlib.Path) -> None:
-    from common.storage.outputs import generated_folder
+    from common.storage.transaction import generated_folder
 
     with generated_folder(target, "test data") as work:
         (work / "whole.txt").write_text("whole")
@@ -471,14 +478,15 @@ def test_a_link_to_nothing_or_a_loop_is_not_replaced_by_an_output(tmp_path):
     """A dangling link or a loop of links named as an output: refused in one line (a rename would put a file
     where the user's link was); with --force, replaced."""
     from common.errors import UserInputError
-    from common.storage.outputs import atomic_path, check_output_file
+    from common.storage.outputs import atomic_path
+    from common.storage.transaction import OutputTransaction, Producer
 
     dangling, loop = tmp_path / "dangling.json", tmp_path / "loop.json"
     dangling.symlink_to(tmp_path / "nowhere.json")
     loop.symlink_to(loop)
     for link in (dangling, loop):
-        with pytest.raises(UserInputError, match="a link to nothing"):
-            check_output_file(link, "--json")
+        with pytest.raises(UserInputError, match="a link; not replaced"):
+            OutputTransaction(Producer("common.tools.bench")).check([link], options={link: "--json"})
         with pytest.raises(UserInputError, match="a link to nothing"):
             with atomic_path(link) as temporary:
                 temporary.write_text("{}")

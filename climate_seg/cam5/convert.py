@@ -23,16 +23,19 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 
 import h5py
 import netCDF4
 import numpy as np
 
 from climate_seg.cam5.config import CHANNELS, CLASS_NAMES
-from common.cli import exit_on_user_error
+from common.cli import exit_process, non_negative_int_argument, run_command
 from common.errors import DataError
-from common.storage.outputs import atomic_path, check_replaceable, folder_summary, mark_hdf5, written_by_suite
+from common.storage.outputs import folder_summary, mark_hdf5, written_by_suite
+from common.storage.sample_files import list_inputs
+from common.storage.transaction import OutputTransaction, Producer
+
+TOOL = "climate_seg.cam5.convert"
 
 DEFAULT_LABELS_VAR = "LABELS"
 
@@ -139,18 +142,18 @@ def read_labels(path: str, variable: str, shape: tuple[int, int, int], data_path
     return labels.astype(np.int32)
 
 
-def write_sample(path: pathlib.Path, data: np.ndarray, labels: np.ndarray, force: bool = False) -> None:
-    """One training sample, contiguous datasets, written atomically (never over a file the suite did not write)."""
-    with atomic_path(path, force) as temporary, h5py.File(temporary, "w") as f:
-        mark_hdf5(f, "climate_seg.cam5.convert")
+def write_sample(transaction: OutputTransaction, path: pathlib.Path, data: np.ndarray, labels: np.ndarray) -> None:
+    """One training sample, contiguous datasets, staged in the conversion's transaction."""
+    with transaction.path(path) as temporary, h5py.File(temporary, "w") as f:
+        mark_hdf5(f, TOOL)
         f.create_dataset("climate/data", data=data.astype(np.float32))
         f.create_dataset("climate/labels_0", data=labels.astype(np.int32))
         f["climate"].attrs["channels"] = ",".join(CHANNELS)
 
 
-def convert_file(path: str, out_dir: pathlib.Path, labels_path: str | None, labels_var: str,
-                 member: int = 1, grid: tuple[int, int] | None = None, force: bool = False) -> list[pathlib.Path]:
-    """Convert one netCDF file; returns the samples written (none if the file fails a check)."""
+def convert_file(transaction: OutputTransaction, path: str, out_dir: pathlib.Path, labels_path: str | None,
+                 labels_var: str, member: int = 1, grid: tuple[int, int] | None = None) -> list[pathlib.Path]:
+    """Convert one netCDF file, its samples staged in ``transaction``; the samples' paths."""
     with _open_netcdf(path) as nc:
         shape = _grid_of(nc, path)
         if grid is not None and shape[1:] != grid:
@@ -160,17 +163,13 @@ def convert_file(path: str, out_dir: pathlib.Path, labels_path: str | None, labe
             raise DataError(f"{path}: no label variable {labels_var!r}; pass --labels FILE or --labels-var NAME")
         labels = read_labels(labels_path or path, labels_var, shape, path)
         names = _step_names(nc, path, shape[0], member)
-        for name in names:
-            check_replaceable(out_dir / f"{name}.h5", force)
-        # Check every step before writing any, so a bad file leaves nothing behind.
-        steps = []
-        for t in range(shape[0]):
-            steps.append(np.stack([v[0] for v in read_steps(nc, CHANNELS, t, t + 1, path)], axis=-1))
-    written = []
-    for name, data, mask in zip(names, steps, labels):
-        target = out_dir / f"{name}.h5"
-        write_sample(target, data, mask, force)
-        written.append(target)
+        written = []
+        with transaction.reading(path):
+            for t, (name, mask) in enumerate(zip(names, labels)):
+                data = np.stack([v[0] for v in read_steps(nc, CHANNELS, t, t + 1, path)], axis=-1)
+                target = (out_dir / f"{name}.h5").absolute()
+                write_sample(transaction, target, data, mask)
+                written.append(target)
     return written
 
 
@@ -189,19 +188,23 @@ def check_output_folder(out_dir: pathlib.Path, force: bool) -> None:
 
 def convert(inputs: list[str], out_dir, labels: list[str] | None = None, labels_var: str = DEFAULT_LABELS_VAR,
             member: int = 1, force: bool = False) -> list[pathlib.Path]:
-    """Convert netCDF files (with one labels file per input, or labels inside them) into ``out_dir``.
+    """Convert netCDF files (with one labels file per input, or labels inside them) into ``out_dir``, as one
+    output transaction: every sample staged, all of them in place at the end or none (a bad input, a failure or
+    a signal leaves ``out_dir`` as it was).
 
     Without ``force``, ``out_dir`` must be absent, empty or hold only samples the suite wrote, and no
     file the suite did not write is replaced."""
+    # The one listing (common/storage/sample_files.py): files, or folders of them; a dangling link or a folder
+    # named like a file refused, never skipped
+    inputs = list_inputs(inputs, ("*.nc", "*.nc4"), "CAM5 netCDF", "--input")
+    labels = list_inputs(labels, ("*.nc", "*.nc4", "*.h5"), "label", "--labels") if labels else labels
     if labels and len(labels) != len(inputs):
         raise DataError(f"--labels: {len(labels)} label file(s) for {len(inputs)} input(s); give one per input")
     out_dir = pathlib.Path(out_dir)
     check_output_folder(out_dir, force)
-    out_dir.mkdir(parents=True, exist_ok=True)
     grid = None
-    written: list[pathlib.Path] = []
     seen: dict[str, str] = {}
-    for i, path in enumerate(inputs):
+    for path in inputs:   # every name first: a step named twice is refused before anything is written
         with _open_netcdf(path) as nc:
             shape = _grid_of(nc, path)
             names = _step_names(nc, path, shape[0], member)
@@ -210,23 +213,37 @@ def convert(inputs: list[str], out_dir, labels: list[str] | None = None, labels_
                 raise DataError(f"{path}: time step {name} was already converted from {seen[name]} "
                                 "(give each ensemble member its own --member)")
             seen[name] = path
-        grid = grid or shape[1:]
-        written += convert_file(path, out_dir, labels[i] if labels else None, labels_var, member, grid, force)
+    targets = [(out_dir / f"{name}.h5").absolute() for name in seen]
+    transaction = OutputTransaction(Producer(TOOL, "climate_seg"), force, inputs=[*inputs, *(labels or [])])
+    transaction.plan(targets)
+    transaction.check(targets)
+    written: list[pathlib.Path] = []
+    with transaction:
+        for i, path in enumerate(inputs):
+            with _open_netcdf(path) as nc:
+                shape = _grid_of(nc, path)
+            grid = grid or shape[1:]
+            written += convert_file(transaction, path, out_dir, labels[i] if labels else None, labels_var, member,
+                                    grid)
     return written
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m climate_seg.cam5.convert", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", nargs="+", required=True, help="CAM5 netCDF files")
+    parser.add_argument("--input", nargs="+", required=True, help="CAM5 netCDF files (*.nc), or folders of them")
     parser.add_argument("--out", required=True, help="output directory for the HDF5 samples")
     parser.add_argument("--labels", nargs="+", help="label files (netCDF or HDF5), one per input")
     parser.add_argument("--labels-var", default=DEFAULT_LABELS_VAR, help="name of the label variable")
-    parser.add_argument("--member", type=int, default=1, help="ensemble member number in the file names")
+    parser.add_argument("--member", type=non_negative_int_argument, default=1,
+                        help="ensemble member number in the file names")
     parser.add_argument("--force", action="store_true",
                         help="write into a folder holding other files, replacing same-named ones")
-    args = parser.parse_args(argv)
-    with exit_on_user_error():
-        written = convert(args.input, args.out, args.labels, args.labels_var, args.member, args.force)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    written = convert(args.input, args.out, args.labels, args.labels_var, args.member, args.force)
     print(f"wrote {len(written)} sample(s) to {args.out}")
     return 0
 
@@ -239,4 +256,4 @@ def field_grid(path: str) -> tuple[int, int, int]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name=TOOL))

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 # The data tools (subset, manifest, verify: common/tools/datatools.py): run before the readers load.
 if __name__ == "__main__":
-    from common.tools.datatools import DatasetFiles, main
-    raise SystemExit(main(DatasetFiles("CAM5 (DeepCAM)", ("*.h5",), exclude=("stats*.h5",)),
-                          prog="python -m climate_seg.cam5.data"))
+    from common.tools.datatools import command_main   # its layout: the application's declaration
+    command_main("climate_seg.cam5.data")
 
 import logging
 import pathlib
@@ -19,7 +18,7 @@ from common.storage.data import list_files, screen_files
 from common.storage.derived import derived_file, writable_derived
 from common.distributed import Distributed
 from common.errors import ConfigError
-from common.storage.outputs import generated_folder
+from common.storage.transaction import generated_folder
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,15 @@ import h5py
 import numpy as np
 
 from climate_seg.cam5.config import CHANNELS, CLASS_NAMES
-from common.cli import exit_on_user_error, exit_process
+from common.cli import exit_process, run_command
 from common.console import logs
 from common.errors import DataError
 from common.storage.derived import derived_file
-from common.storage.outputs import atomic_path, check_replaceable, mark_hdf5, write_json
+from common.storage.outputs import mark_hdf5
+from common.storage.transaction import file_transaction, write_json_file, written_file
+
+TOOL = "climate_seg.cam5.stats"
+HOW = "pass --force to replace it, or --out to write elsewhere"
 
 # Imported where used, not here: common.distributed and common.storage.data (TensorFlow), only in the command: the
 # readers here stay TensorFlow-free.
@@ -183,10 +187,11 @@ def compute_stats(files: list[str], dist=None) -> RunningStats:
 
 
 def write_stats(path, stats: RunningStats, channels=CHANNELS, force: bool = False) -> None:
-    """``stats.h5``, atomically; a file there that this suite did not write is kept (an error) unless ``force``."""
-    with atomic_path(pathlib.Path(path), force, "pass --force to replace it, or --out to write elsewhere") \
-            as temporary, h5py.File(temporary, "w") as f:
-        mark_hdf5(f, "climate_seg.cam5.stats")
+    """``stats.h5``, as one output transaction; a file there that this command did not write is kept (an error)
+    unless ``force``."""
+    with written_file(path, TOOL, force, source="the statistics of the training samples", how=HOW) as temporary, \
+            h5py.File(temporary, "w") as f:
+        mark_hdf5(f, TOOL)
         f["mean"], f["std"] = stats.mean, stats.std
         f["min"], f["max"] = stats.minimum, stats.maximum
         f["count"] = stats.count
@@ -278,8 +283,8 @@ def write_class_counts(path, files: list[str]) -> np.ndarray:
         if labels.min() < 0 or labels.max() >= len(CLASS_NAMES):
             raise DataError(f"{sample}: labels hold values outside 0-{len(CLASS_NAMES) - 1}")
         counts += np.bincount(labels.reshape(-1), minlength=len(CLASS_NAMES))
-    write_json(path, {"classes": list(CLASS_NAMES), "counts": counts.tolist(), "files": len(files)},
-               "climate_seg.cam5.stats")
+    write_json_file(path, {"classes": list(CLASS_NAMES), "counts": counts.tolist(), "files": len(files)}, TOOL,
+                    source=f"the labels of {len(files)} training samples")
     return counts / max(counts.sum(), 1)
 
 
@@ -297,30 +302,33 @@ def load_class_frequencies(stats: dict, stats_path, data) -> np.ndarray:
     return counts / max(counts.sum(), 1)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m climate_seg.cam5.stats", description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="directory of training samples (*.h5)")
     parser.add_argument("--out", help="output file (default: stats.h5 beside the directory)")
     parser.add_argument("--force", action="store_true", help="replace an existing file this suite did not write")
-    args = parser.parse_args(argv)
-    with exit_on_user_error():
-        from common import distributed   # deferred: imports TensorFlow and Horovod, after the arguments are parsed
-        from common.storage.data import list_files
+    return parser
 
-        files = list_files(args.directory, ("*.h5",), "climate sample")
-        out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory).resolve().parent / "stats.h5"
-        check_replaceable(out, args.force, "pass --force to replace it, or --out to write elsewhere")  # before the pass
-        dist = distributed.init()
-        logs.configure(dist.rank, dist.size, ("common", "climate_seg"))
-        stats = compute_stats(files, dist)
-        if dist.is_root:
-            # ExtremeWeather files keep their channels in alphabetical order.
-            write_stats(out, stats, sorted(CHANNELS) if is_extremeweather(files[0]) else CHANNELS, args.force)
-            frequencies = stats.class_counts / max(stats.class_counts.sum(), 1)
-            print(f"{len(files)} files, {stats.count} pixels over {dist.size} rank(s) -> {out}; class frequencies "
-                  + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)), flush=True)
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from common import distributed   # deferred: imports TensorFlow and Horovod, after the arguments are parsed
+    from common.storage.data import list_files
+
+    files = list_files(args.directory, ("*.h5",), "climate sample")
+    out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory).resolve().parent / "stats.h5"
+    file_transaction(out, TOOL, args.force, inputs=files, option="--out", how=HOW)   # before the pass: never a sample
+    dist = distributed.init()
+    logs.configure(dist.rank, dist.size, ("common", "climate_seg"))
+    stats = compute_stats(files, dist)
+    if dist.is_root:
+        # ExtremeWeather files keep their channels in alphabetical order.
+        write_stats(out, stats, sorted(CHANNELS) if is_extremeweather(files[0]) else CHANNELS, args.force)
+        frequencies = stats.class_counts / max(stats.class_counts.sum(), 1)
+        print(f"{len(files)} files, {stats.count} pixels over {dist.size} rank(s) -> {out}; class frequencies "
+              + ", ".join(f"{n} {f:.4%}" for n, f in zip(CLASS_NAMES, frequencies)), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_process(run_command(main, name=TOOL))

@@ -37,10 +37,11 @@ import numpy as np
 
 from climate_seg.cam5.config import CHANNELS, SynthSection
 from climate_seg.detection.config import BOX_COLUMNS, FILE_BOX_COLUMNS
-from common.cli import exit_on_user_error, non_negative_int_argument, positive_int_argument
+from common.cli import exit_process, non_negative_int_argument, positive_int_argument, run_command
 from common.config import validate
 from common.console.progress import Progress
-from common.storage.outputs import atomic_path, generated_folder, mark_hdf5
+from common.storage.outputs import atomic_path, mark_hdf5
+from common.storage.transaction import generated_folder
 
 UNITS = {"TMQ": "kg/m2", "U850": "m/s", "V850": "m/s", "UBOT": "m/s", "VBOT": "m/s", "QREFHT": "kg/kg",
          "PS": "Pa", "PSL": "Pa", "T200": "K", "T500": "K", "PRECT": "m/s", "TS": "K", "TREFHT": "K",
@@ -261,7 +262,7 @@ def write_netcdf(path: pathlib.Path, lat: np.ndarray, lon: np.ndarray, times_h: 
 
 def generate_dataset(out_dir, synth: SynthSection, progress: bool = True) -> dict[str, list[pathlib.Path]]:
     """Write the train/validation/test netCDF files into an absent or empty ``out_dir`` (or the empty folder it
-    links to: :func:`common.storage.outputs.generated_folder`); returns them by split."""
+    links to: :func:`common.storage.transaction.generated_folder`); returns them by split."""
     out_dir = pathlib.Path(out_dir)
     lat, lon = grid_coordinates(*synth.grid)
     counts = {"train": synth.n_train, "validation": synth.n_validation, "test": synth.n_test}
@@ -283,7 +284,7 @@ def generate_dataset(out_dir, synth: SynthSection, progress: bool = True) -> dic
     return {split: [out_dir / split / name for name in files] for split, files in names.items()}
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     defaults = SynthSection()
     parser = argparse.ArgumentParser(prog="python -m climate_seg.cam5.synth", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
@@ -294,21 +295,24 @@ def main(argv=None) -> int:
     parser.add_argument("--n-test", type=positive_int_argument, default=defaults.n_test)
     parser.add_argument("--steps-per-file", type=positive_int_argument, default=defaults.steps_per_file)
     parser.add_argument("--seed", type=non_negative_int_argument, default=defaults.seed)
-    args = parser.parse_args(argv)
+    return parser
 
-    with exit_on_user_error():
-        # The options are the section's keys (--n-train is n_train): a value the schema refuses is named by its key.
-        synth = validate(SynthSection, {"grid": args.grid, "n_train": args.n_train, "n_validation": args.n_validation,
-                                        "n_test": args.n_test, "steps_per_file": args.steps_per_file,
-                                        "seed": args.seed}, "the command line")
-        written = generate_dataset(args.out, synth, progress=sys.stderr.isatty())
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+
+    # The options are the section's keys (--n-train is n_train): a value the schema refuses is named by its key.
+    synth = validate(SynthSection, {"grid": args.grid, "n_train": args.n_train, "n_validation": args.n_validation,
+                                    "n_test": args.n_test, "steps_per_file": args.steps_per_file,
+                                    "seed": args.seed}, "the command line")
+    written = generate_dataset(args.out, synth, progress=sys.stderr.isatty())
     for split, paths in written.items():
         print(f"{split}: {len(paths)} netCDF file(s) in {pathlib.Path(args.out) / split}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name="climate_seg.cam5.synth"))
 
 
 # -- detection snapshots (four classes, ExtremeWeather layout) ------------------------------------

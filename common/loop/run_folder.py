@@ -23,6 +23,7 @@ from common.errors import UserInputError
 from common.deferred import DeferredModule
 from common.loop import attempts
 from common.storage import checkpoint, outputs
+from common.storage.transaction import OutputTransaction, Producer
 
 log = logging.getLogger(__name__)
 # Keras (its callbacks) at the first start: the folder's checks run before TensorFlow loads (common.cli).
@@ -61,8 +62,10 @@ class RunFolder:
         self.app, self.cfg, self.path = app, cfg, pathlib.Path(output_dir)
         self.resume, self.force = resume, force
         self.started = False
-        self._lock: outputs.RunDirLock | None = None
-        self._created: list[pathlib.Path] = []   # by the claim: the lock file, the folders it made (innermost first)
+        # The claim of the folder: the one output transaction's (kind and producer, the lock, what it created),
+        # in its incremental form (the run commits each epoch by its checkpoint, not all at the end).
+        self.producer = Producer(command=f"{app.package}.train", application=app.package)
+        self._transaction: OutputTransaction | None = None
         self._claim: Claim | None = None
 
     @property
@@ -110,16 +113,11 @@ class RunFolder:
     def _claim_on_root(self, kind: str) -> Claim:
         path = self.path
         self.check(kind)
-        missing = [folder for folder in (path, *path.parents) if not folder.exists()]
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserInputError(f"{path}: --output-dir cannot be created ({exc.strerror})") from None
-        created = [] if (path / outputs.RUN_LOCK).exists() else [path / outputs.RUN_LOCK]
-        self._created = created + missing
-        self._lock = outputs.RunDirLock(path, f"{self.app.name}.train").acquire()   # held until close()
-        if self._lock.warning:
-            log.warning(self._lock.warning)
+        transaction = OutputTransaction(self.producer, self.force, holder=f"{self.app.name}.train")
+        transaction.into(path, kind, "--output-dir", incremental=True)
+        transaction.check()
+        transaction.claim()   # created, locked (held until close()), checked again under the lock
+        self._transaction = transaction
         for stale in checkpoint.remove_stale_temporaries(self.checkpoints):
             log.warning(f"removed {stale.name}, left by a checkpoint write that was killed")
         latest = self.check(kind)   # again, under the lock: what another process did meanwhile counts
@@ -149,7 +147,7 @@ class RunFolder:
         if not dist.is_root:
             return
         claim, path = self._claim, self.path
-        outputs.mark_run_dir(path, self.app.name, claim.names, kind=claim.kind)
+        outputs.mark_run_dir(path, self.app.name, claim.names, kind=claim.kind, producer=self.producer.record())
         if claim.mlperf_path is not None and claim.mlperf_path.name not in claim.names:
             outputs.record_external(path, claim.mlperf_path)
         if claim.earlier_run:   # --force over a run of this suite: its checkpoints and log would mix with this run's
@@ -165,23 +163,10 @@ class RunFolder:
         """Release the lock; a run that failed before :meth:`start` first removes what its claim created (the
         lock file, the folders it made, innermost first, if empty), while the lock is still held (so no other
         run can take the old lock file meanwhile)."""
-        if self._lock is None:
+        transaction, self._transaction = self._transaction, None
+        if transaction is None:
             return
-        try:
-            if failed and not self.started:
-                self._undo_claim()
-        finally:
-            self._lock.release()
-            self._lock = None
-
-    def _undo_claim(self) -> None:
-        if not any(path.name == outputs.RUN_LOCK for path in self._created):
-            self._lock.restore()
-        for path in self._created:
-            try:
-                if path.name == outputs.RUN_LOCK:
-                    path.unlink(missing_ok=True)
-                else:
-                    path.rmdir()   # only when empty
-            except OSError:
-                break
+        if failed and not self.started:
+            transaction.rollback()
+        else:
+            transaction.release()

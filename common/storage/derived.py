@@ -39,11 +39,13 @@ def derived_file(data, name: str, shipped: pathlib.Path | None = None) -> pathli
 
 
 def writable_derived(path: pathlib.Path) -> pathlib.Path:
-    """``path`` (a file in :func:`derived_dir`) with its folder created; a one-line error naming the folder and
+    """``path`` (a file in :func:`derived_dir`), checked to be one its folder can take (made by the write's
+    transaction, which removes it again if the write fails); a one-line error naming the folder and
     ``data.derived_dir`` when it cannot be."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(f"{path.parent}: cannot be created to hold {path.name} ({exc.strerror}); set "
-                        "data.derived_dir to a writable folder") from None
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise DataError(f"{path.parent}: cannot be created to hold {path.name} ({existing} is not a writable "
+                        "folder); set data.derived_dir to a writable folder")
     return path

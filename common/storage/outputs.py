@@ -37,19 +37,14 @@ import logging
 import os
 import pathlib
 import re
-import shutil
-import signal
 import socket
 import stat
 import tempfile
-import threading
 
 import numpy as np
-import yaml
 
 from common.deferred import h5py   # at first use: only for an HDF5 file (the module serves --help paths)
 from common.errors import DataError, UserInputError
-from common.storage.scratch import remove_if_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +81,22 @@ def current_umask() -> int:
 def honour_umask(path, directory: bool = False) -> None:
     """Give ``path`` (made by mkstemp/mkdtemp: 0600/0700) the mode a plain open()/mkdir() would have."""
     os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
+def sha256_of(path) -> str:
+    """The SHA-256 of a file's bytes (hex): what a producer records of the model it applied."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def settle(temporary) -> None:
+    """A temporary file just written: on the disk (fsync), with the mode the umask gives (mkstemp's is 0600)."""
+    with open(temporary, "rb+") as handle:
+        os.fsync(handle.fileno())
+    honour_umask(temporary)
 
 
 def provenance(tool: str) -> str:
@@ -133,7 +144,7 @@ def _listed_in_run_dir(path: pathlib.Path) -> bool:
     return False
 
 
-def _embedded_mark(path: pathlib.Path) -> str:
+def embedded_mark(path: pathlib.Path) -> str:
     """The ``written_by`` a file carries in itself ('' when none)."""
     suffix = path.suffix.lower()
     if suffix in HDF5_SUFFIXES:
@@ -174,7 +185,7 @@ def written_by_suite(path) -> bool:
         if _listed_in_run_dir(path):
             return True
         if path.is_file():
-            return _embedded_mark(path).startswith(SUITE)
+            return embedded_mark(path).startswith(SUITE)
     except (OSError, ValueError, KeyError, ImportError):
         return False
     except Exception:   # noqa: BLE001  an unreadable file of any format (PIL, zipfile) is not ours
@@ -192,10 +203,10 @@ def record_in_run_dir(run_dir, names) -> None:
     if set(names) <= files:
         return
     record["files"] = sorted(files | set(names))
-    _write_marker(run_dir, record)
+    write_marker(run_dir, record)
 
 
-def _write_marker(run_dir: pathlib.Path, record: dict) -> None:
+def write_marker(run_dir: pathlib.Path, record: dict) -> None:
     descriptor, name = tempfile.mkstemp(prefix=f"{RUN_MARKER}.", suffix=".partial", dir=run_dir)
     try:
         with os.fdopen(descriptor, "w") as handle:
@@ -239,9 +250,7 @@ def atomic_path(path, force: bool = False, how: str = "pass --force to replace i
     temporary = pathlib.Path(name)
     try:
         yield temporary
-        with open(temporary, "rb+") as handle:
-            os.fsync(handle.fileno())
-        honour_umask(temporary)
+        settle(temporary)
         check_replaceable(path, force, how)
         record_in_run_dir(path.parent, [path.name])
         os.replace(temporary, path)
@@ -303,30 +312,10 @@ def write_json(path, payload: dict, tool: str, force: bool = False) -> None:
         temporary.write_text(json.dumps({**payload, WRITTEN_BY: provenance(tool)}, indent=2) + "\n")
 
 
-def write_yaml(path, payload: dict, tool: str, force: bool = False) -> None:
-    """``payload`` as YAML, atomically, under a first-line comment that says the suite wrote it (a key would be
-    one the file's schema does not know)."""
-    with atomic_path(path, force) as temporary:
-        temporary.write_text(f"{YAML_MARK}{provenance(tool)}\n" + yaml.safe_dump(payload, sort_keys=False))
-
-
 def write_text(path, text: str, force: bool = False) -> None:
     """A text file atomically (in a run directory: listed by its marker)."""
     with atomic_path(path, force) as temporary:
         temporary.write_text(text)
-
-
-def save_figure(figure, path, tool: str, force: bool = False, dpi: int = 110) -> None:
-    """A matplotlib figure as PNG, atomically, carrying the suite's mark in a text chunk."""
-    with atomic_path(path, force, suffix=".png") as temporary:
-        figure.savefig(temporary, dpi=dpi, format="png", metadata={WRITTEN_BY: provenance(tool)})
-
-
-def save_npz(path, tool: str, force: bool = False, **arrays) -> None:
-    """``numpy.savez`` atomically, with a ``written_by`` array beside the data."""
-    with atomic_path(path, force, suffix=".npz") as temporary:
-        with open(temporary, "wb") as handle:
-            np.savez(handle, **arrays, **{WRITTEN_BY: np.array(provenance(tool))})
 
 
 def folder_summary(path, limit: int = 4) -> str:
@@ -356,142 +345,6 @@ def require_fillable(target, expected: str) -> None:
     found = "a file" if not target.is_dir() else folder_summary(target)
     raise DataError(f"{target}: expected {expected}, or an absent or empty folder to generate it into; "
                     f"found {found}; nothing was written")
-
-
-@contextlib.contextmanager
-def generated_folder(target, expected: str):
-    """Yield a new folder to fill; when the block completes it becomes ``target``.
-
-    ``target`` must be absent or empty (:func:`require_fillable`).  The work
-    folder is created here, beside ``target``, and removed here if the block
-    fails (SIGTERM included, where nothing else handles it).  It holds a lock
-    file, flocked for the generation's life, so that the work folder of a
-    process killed outright (SIGKILL, a lost node) is removed by the next
-    generation of the same ``target`` (:func:`sweep_work_folders`), while a
-    running generation's is never touched: the only folders this ever removes.
-    A ``target`` that is a symbolic
-    link to an empty folder is written through: the work folder is made beside
-    the folder it points to and renamed onto it, and the link is left as it is.
-    Whatever would stop the final rename that can be known before the work (a
-    folder that cannot be created or written beside, a mount point, which no
-    rename can replace) is refused here, before any work, with one line.
-    """
-    target = pathlib.Path(target)
-    if target.resolve() in _working_in:   # a generation inside this process's own (a dataset and its statistics)
-        yield target
-        return
-    require_fillable(target, expected)
-    destination = pathlib.Path(os.path.realpath(target)) if target.is_symlink() else target
-    through = f" (the folder {target} links to)" if destination != target else ""
-    if os.path.ismount(destination):
-        raise DataError(f"{destination}{through}: a mount point; the generated {expected} is renamed into place "
-                        "when complete, which a mount point cannot take: name a new folder inside it; "
-                        "nothing was written")
-    existing = destination.parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise DataError(f"{destination}{through}: cannot be created: {existing} is a file, not a folder; "
-                        "nothing was written")
-    try:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        sweep_work_folders(destination)
-        work, lock_fd = _claim_work_folder(destination)
-    except OSError as exc:
-        raise DataError(f"{destination}{through}: cannot create a work folder in {destination.parent} "
-                        f"({exc.strerror}), where the generated data is written before it is renamed into place; "
-                        "nothing was written") from None
-    honour_umask(work, directory=True)
-    _working_in.add(work.resolve())
-    try:
-        with _terminate_as_exit():
-            yield work
-        try:
-            if lock_fd is not None:   # held until the rename: a folder without its lock file is never swept
-                os.unlink(work / WORK_LOCK)
-            os.rename(work, destination)   # onto an absent or empty folder only; atomic
-        except OSError as exc:
-            require_fillable(destination, expected)   # something appeared there meanwhile: say what
-            raise DataError(f"{destination}{through}: the generated {expected} could not be renamed into place "
-                            f"({exc.strerror}); nothing was written") from None
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    finally:
-        _working_in.discard(work.resolve())
-        if lock_fd is not None:
-            os.close(lock_fd)
-
-
-# The lock file of a work folder of :func:`generated_folder`: flocked by the generating process for its life.
-WORK_LOCK = ".hpc-dl-suite-work.lock"
-# The work folders this process is filling: a generation asked to fill one of them (a generator called inside
-# another's block) fills it in place, the outer generation's rename making the whole appear at once.
-_working_in: set[pathlib.Path] = set()
-
-
-def _work_folder_pattern(destination: pathlib.Path) -> re.Pattern:
-    """The names of ``destination``'s work folders (``.<name>.<mkdtemp's random part>.partial``) and no others."""
-    return re.compile(re.escape(f".{destination.name}.") + r"[A-Za-z0-9_]+\.partial")
-
-
-def _claim_work_folder(destination: pathlib.Path) -> tuple[pathlib.Path, int | None]:
-    """A new work folder beside ``destination`` and the descriptor of its flocked lock file (None on a file
-    system without locks: then it has no lock file, and no sweep ever takes it)."""
-    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".partial", dir=destination.parent))
-    try:
-        # Locked before it gets its name: a process sweeping at the same instant never sees it free.
-        fd = os.open(work / f"{WORK_LOCK}.new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            os.unlink(work / f"{WORK_LOCK}.new")
-            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-            return work, None
-        os.rename(work / f"{WORK_LOCK}.new", work / WORK_LOCK)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return work, fd
-
-
-def sweep_work_folders(destination) -> list[pathlib.Path]:
-    """Remove the work folders of earlier generations of ``destination`` that ended without removing theirs (a
-    SIGKILL, a lost node): folders beside it named as :func:`generated_folder` names them, holding its lock
-    file, whose lock no process holds.  A generation still running holds its lock: its folder is left alone."""
-    destination = pathlib.Path(destination)
-    pattern = _work_folder_pattern(destination)
-    try:
-        candidates = [entry for entry in destination.parent.iterdir() if pattern.fullmatch(entry.name)]
-    except OSError:
-        return []
-    removed = [folder for folder in candidates if remove_if_abandoned(folder, WORK_LOCK)]   # a running one holds it
-    if removed:
-        log.warning(f"{destination.parent}: removed {len(removed)} work folder(s) of an earlier generation of "
-                    f"{destination.name} that ended before it finished ({', '.join(f.name for f in removed)})")
-    return removed
-
-
-@contextlib.contextmanager
-def _terminate_as_exit():
-    """SIGTERM (``kill``, a batch system's cancel) ends the block as Ctrl-C does, by an exception, so that the
-    work folder is removed on the way out; only where SIGTERM would otherwise end the process at once (the
-    default handler, the main thread): a handler someone installed is left as it is."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def terminate(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # -- run directories ----------------------------------------------------------------------
@@ -544,34 +397,25 @@ def check_writable_folder(folder, what: str) -> None:
                              + (f"(no write permission on {existing})" if existing != folder else "(no write permission)"))
 
 
-def check_output_file(path, option: str, force: bool = False, how: str = "pass --force to replace it") -> None:
-    """A file a command's ``option`` names, checked before any work: not a folder, in an existing folder that
-    can be written, absent or this suite's (or ``force``); a one-line error naming it otherwise."""
-    path = pathlib.Path(path)
-    if path.is_dir():
-        raise UserInputError(f"{path}: {option} names a folder; name a file")
-    if not path.parent.is_dir():
-        raise UserInputError(f"{path.parent}: folder not found (to write {option} {path.name} into)")
-    check_replaceable(path, force, how)
-    check_writable_folder(path.parent, f"the folder of {option} {path.name}")
-
-
 def mark_run_dir(output_dir, app: str, files=(), kind: str = "run", instances: int | None = None,
-                 tool: str | None = None) -> None:
+                 tool: str | None = None, producer: dict | None = None) -> None:
     """Create the run directory's marker (or add ``files`` to it), recording the ``kind`` of run it holds
-    (:data:`RUN_KINDS`) and, for a job of instances, how many; ``tool``: the writer (default ``<app>.train``)."""
+    (:data:`RUN_KINDS`) and, for a job of instances, how many; ``tool``: the writer (default ``<app>.train``);
+    ``producer``: who made it (:class:`common.storage.transaction.Producer`'s record)."""
     output_dir = pathlib.Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     record = read_run_marker(output_dir)
     if record is None:
         record = {WRITTEN_BY: provenance(tool or f"{app}.train"), "files": sorted({RUN_LOCK, *files}), "kind": kind}
+        if producer is not None:
+            record["producer"] = producer
         if instances is not None:
             record["instances"] = instances
-        _write_marker(output_dir, record)
+        write_marker(output_dir, record)
     elif record.get("kind") != kind and WRITTEN_BY in record:   # a marker from before kinds were recorded
         record.update(files=sorted({*record["files"], *files}), kind=kind,
                       **({"instances": instances} if instances is not None else {}))
-        _write_marker(output_dir, record)
+        write_marker(output_dir, record)
     else:
         record_in_run_dir(output_dir, files)
 
@@ -651,7 +495,7 @@ def record_external(run_dir, path) -> None:
     record = read_run_marker(run_dir)
     if record is not None:
         record["external"] = sorted({*record.get("external", []), str(pathlib.Path(path).resolve())})
-        _write_marker(run_dir, record)
+        write_marker(run_dir, record)
 
 
 def in_use(run_dir, holder: bytes, option: str | None = "--output-dir") -> UserInputError:
@@ -706,6 +550,7 @@ class RunDirLock:
         self._fd = None
         self.warning = None
         self.previous = b""
+        self.previous_times: tuple[int, int] | None = None
 
     def acquire(self) -> "RunDirLock":
         """Takes the run directory's lock (an exclusive flock on its lock file); a UserInputError naming the run
@@ -733,6 +578,8 @@ class RunDirLock:
             self.warning = (f"{self.run_dir}: this file system has no file locks ({exc.strerror}); a second run "
                             "started on this folder would not be detected")
         self.previous = os.pread(fd, 4096, 0)
+        status = os.fstat(fd)
+        self.previous_times = (status.st_atime_ns, status.st_mtime_ns)
         os.ftruncate(fd, 0)
         since = datetime.datetime.now().isoformat(timespec="seconds")
         os.pwrite(fd, json.dumps({"tool": self.tool, "pid": os.getpid(), "host": socket.gethostname(),
@@ -745,6 +592,8 @@ class RunDirLock:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, self.previous, 0)
+            if self.previous_times is not None:
+                os.utime(self._fd, ns=self.previous_times)   # as it was found, its time too
 
     def release(self) -> None:
         """Releases the lock (the lock file stays: removing it would let two runs lock two different files)."""

@@ -12,8 +12,13 @@ Standard library only: the TensorFlow-free data tools use it.
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import os
+import pathlib
 import stat
+
+from common.errors import UserInputError   # (standard library only, as this module)
 
 
 def entry_problem(path) -> str | None:
@@ -43,3 +48,70 @@ def bad_entries_message(bad: list[tuple[str, str]], matching: str = "") -> str:
     others = (f"; and {more} more entr{'y' if more == 1 else 'ies'}{' ' + matching if matching else ''} that "
               "cannot be read as files") if more else ""
     return f"{first}: {problem}{others}"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetFiles:
+    """Which files of a dataset folder hold samples: ``patterns`` but not ``exclude`` (fnmatch on the file
+    name); with ``rows_per_file``, each such file is HDF5 holding many samples along the first axis of its
+    datasets, counted by the first of ``count_datasets`` it has.  ``split_tags``: where the splits share one
+    folder, the words in a file's name that tell its split (the first one found; files with none are a group of
+    their own)."""
+
+    name: str
+    patterns: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+    rows_per_file: bool = False
+    count_datasets: tuple[str, ...] = ()
+    split_tags: tuple[str, ...] = ()
+
+    def is_sample(self, path: pathlib.Path) -> bool:
+        return any(fnmatch.fnmatch(path.name, pattern) for pattern in self.patterns) and \
+            not any(fnmatch.fnmatch(path.name, pattern) for pattern in self.exclude)
+
+    def split_of(self, path: pathlib.Path) -> str | None:
+        return next((tag for tag in self.split_tags if tag in path.name), None)
+
+
+
+def matching_entries(directory, patterns) -> list[str]:
+    """The entries of ``directory`` matching any of the glob ``patterns``, sorted, whatever they are (files,
+    links, folders): what a listing then checks with :func:`entry_problem`."""
+    return sorted({str(path) for pattern in patterns for path in pathlib.Path(directory).glob(pattern)})
+
+
+def list_inputs(paths, patterns, what: str, option: str) -> list[str]:
+    """The sample files a command's ``option`` names: files as given, folders replaced by their entries matching
+    ``patterns`` (name order).  The one listing's refusals, each a :class:`~common.errors.UserInputError` naming
+    the path: a path that does not exist or is a link to nothing, a named entry that is no readable file, a folder
+    with no matching entry or with one that cannot be read as a sample (a dangling link, a folder of a sample's
+    name: named, never skipped), a file named twice (links followed)."""
+    found: list[str] = []
+    for given in map(str, paths):
+        if os.path.isdir(given):
+            if not os.access(given, os.R_OK | os.X_OK):
+                raise UserInputError(f"{given}: {option} folder cannot be read (permission denied)")
+            entries = matching_entries(given, patterns)
+            bad = [(entry, problem) for entry in entries if (problem := entry_problem(entry))]
+            if bad:
+                raise UserInputError(bad_entries_message(bad, f"matching {' or '.join(patterns)}")
+                                     + f" ({option} {given}: every entry named like a {what} file must be one)")
+            if not entries:
+                raise UserInputError(f"{given}: no {what} files ({', '.join(patterns)}) in this {option} folder")
+            found.extend(entries)
+            continue
+        if os.path.islink(given) and not os.path.exists(given):
+            raise UserInputError(f"{given}: {option} is a link to {os.readlink(given)}, which does not exist")
+        if not os.path.lexists(given):
+            raise UserInputError(f"{given}: {option} not found")
+        problem = entry_problem(given)
+        if problem:
+            raise UserInputError(f"{given}: {option} {problem}")
+        found.append(given)
+    seen: dict[str, str] = {}
+    for path in found:
+        resolved = os.path.realpath(path)
+        if resolved in seen:
+            raise UserInputError(f"{path}: given twice as {option} (also as {seen[resolved]})")
+        seen[resolved] = path
+    return found

@@ -48,12 +48,14 @@ import pathlib
 import time
 
 from common.application import Application
-from common.cli import exit_on_user_error, exit_process, find_application, positive_int_argument
+from common.cli import exit_process, find_application, positive_int_argument, run_command
 from common.config import load_config
 from common.console import cpu, logs
 from common.deferred import tensorflow as tf   # at first use, after the arguments are parsed
 from common.errors import DataError, UserInputError
-from common.storage import outputs
+from common.storage.transaction import OutputTransaction, Producer
+
+TOOL = "common.tools.bench"
 
 # Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
 # config errors answer without it.
@@ -488,28 +490,7 @@ def compare(one_path, other_path) -> str:
             f"({recorded_ranks(one, one_path)} rank(s)): end-to-end {ratio:.2f}x")
 
 
-def claim_profile_dir(folder, ranks: int) -> "outputs.RunDirLock":
-    """``--profile DIR``: absent, empty, or a folder an earlier bench profiled into (its marker says so); marked
-    as the suite's and locked while this bench traces into it (the profiler adds a new ``plugins/profile/<time>/``
-    folder per trace and removes nothing).  A user's folder is a one-line refusal."""
-    folder = pathlib.Path(folder)
-    found = outputs.run_kind(folder)
-    if found is not None and found[0] != "profile":
-        raise UserInputError(f"{folder}: --profile names the folder of {outputs.RUN_KINDS[found[0]]}; choose a new "
-                             "folder for the trace")
-    if found is None and folder.exists() and not outputs.is_empty_folder(folder):
-        what = "a file" if not folder.is_dir() else outputs.folder_summary(folder)
-        raise UserInputError(f"{folder}: --profile needs a new or empty folder (or one an earlier bench traced "
-                             f"into); found {what}; nothing was written")
-    outputs.check_writable_folder(folder, "--profile")
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = outputs.RunDirLock(folder, "common.tools.bench --profile", option="--profile").acquire()
-    traces = ["plugins/"] if ranks == 1 else [f"rank{r}/" for r in range(ranks)]
-    outputs.mark_run_dir(folder, "common.tools.bench", traces, kind="profile", tool="common.tools.bench")
-    return lock
-
-
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m common.tools.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the app config to benchmark")
     parser.add_argument("--compare", nargs=2, metavar=("ONE.json", "OTHER.json"),
@@ -527,61 +508,82 @@ def main(argv=None) -> int:
                         help="time the input pipeline alone (1 core and all) against the simplest loop's ceiling")
     parser.add_argument("--stage-decompressed", metavar="DIR",
                         help="with --input-only: also stage the training files to DIR inflated and time reading them")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.compare:
-        with exit_on_user_error():
-            print(compare(*args.compare))
+        print(compare(*args.compare))
         return 0
     if not args.config:
         parser.error("--config is required")
     if args.stage_decompressed and not args.input_only:
         parser.error("--stage-decompressed goes with --input-only")
-    with exit_on_user_error():
-        if args.json:   # refused before the benchmark runs, not after
-            outputs.check_replaceable(args.json, args.force)
-            outputs.check_writable_folder(pathlib.Path(args.json).resolve().parent, "the folder of --json")
+    # The outputs, one transaction: --profile a folder of the bench's own (new, empty, or an earlier trace's,
+    # which this one replaces: rank<r>/ per rank), --json a file (absent, or an earlier bench result), checked
+    # before the benchmark runs and committed when it has.
+    transaction = OutputTransaction(Producer(TOOL, "", data=str(pathlib.Path(args.config).resolve())), args.force,
+                                    inputs=[args.config])
+    json_path = pathlib.Path(args.json).absolute() if args.json else None
+    if args.profile:
+        transaction.into(args.profile, "profile", "--profile")
+    transaction.check([json_path] if json_path else [], options={json_path: "--json"} if json_path else None)
 
-        application = find_application(args.config, args.app)
-        overrides = list(args.set)
-        if args.batch_size is not None:
-            overrides.append(f"data.batch_size={args.batch_size}")
-        if args.precision:
-            overrides.append(f"train.precision={args.precision}")
-        cfg = load_config(application.config_schema, args.config, overrides)
-        # deferred: TensorFlow and Horovod load only once the arguments and the config are checked
-        from common import distributed
+    application = find_application(args.config, args.app)
+    overrides = list(args.set)
+    if args.batch_size is not None:
+        overrides.append(f"data.batch_size={args.batch_size}")
+    if args.precision:
+        overrides.append(f"train.precision={args.precision}")
+    cfg = load_config(application.config_schema, args.config, overrides)
+    # deferred: TensorFlow and Horovod load only once the arguments and the config are checked
+    from common import distributed
 
-        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
-        logs.configure(dist.rank, dist.size, ("common", application.package))
-        profile_lock = None
-        if args.profile:   # every rank's verdict from rank 0's claim, before any work
-            refusal = None
-            if dist.is_root:
-                try:
-                    profile_lock = claim_profile_dir(args.profile, dist.size)
-                except UserInputError as exc:
-                    refusal = str(exc)
-            refusal = dist.broadcast_object(refusal)
-            if refusal is not None:
-                raise UserInputError(refusal)
+    dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads)
+    logs.configure(dist.rank, dist.size, ("common", application.package))
+    traces = [f"rank{rank}" for rank in range(dist.size)] if args.profile else []
+    transaction.plan([*traces, *([json_path] if json_path else [])])
+    if args.profile:   # claimed before any work, every rank's verdict rank 0's; the others trace into its staging
+        refusal, staging = None, None
+        if dist.is_root:
+            try:
+                transaction.claim()
+                staging = transaction.staging_folder
+            except UserInputError as exc:
+                refusal = str(exc)
+        refusal, staging = dist.broadcast_object((refusal, staging))
+        if refusal is not None:
+            raise UserInputError(refusal)
+        if not dist.is_root:
+            transaction.follow(staging)
+    try:
         if args.input_only:
             result = input_only(application, cfg, dist, args.steps, stage_decompressed=args.stage_decompressed)
+        elif args.profile:
+            with transaction.directory(f"rank{dist.rank}") as logdir:
+                result = run(application, cfg, dist, args.steps, profile_dir=str(logdir))
         else:
-            profile_dir = args.profile and (args.profile if dist.size == 1 else f"{args.profile}/rank{dist.rank}")
-            result = run(application, cfg, dist, args.steps, profile_dir=profile_dir)
-        if profile_lock is not None:
-            profile_lock.release()
-    # What was measured, for whoever reads the result back (read_result, check_workload).
-    result = {"config": args.config, "overrides": overrides, **result}
-    if dist.is_root:
-        print(input_table(result) if args.input_only else table(result), flush=True)
-        if args.json:
-            with exit_on_user_error():
-                outputs.write_json(args.json, result, "common.tools.bench", args.force)
+            result = run(application, cfg, dist, args.steps)
+        # What was measured, for whoever reads the result back (read_result, check_workload).
+        result = {"config": args.config, "overrides": overrides, **result}
+        dist.barrier()   # every rank's trace staged
+        if dist.is_root:
+            print(input_table(result) if args.input_only else table(result), flush=True)
+            if transaction.state == "open" and json_path:
+                transaction.claim()
+            if json_path:
+                with transaction.reading(args.config):
+                    transaction.json(json_path, result)
+        transaction.commit()
+    except BaseException:
+        transaction.rollback()
+        raise
     # No rank leaves while another still talks to it (a "connection reset" from Horovod's loop otherwise).
     dist.barrier()
     return 0
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_process(run_command(main, name=TOOL))

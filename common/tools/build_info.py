@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from common.cli import exit_on_user_error, exit_process
+from common.cli import exit_process, run_command
 from common.errors import UserInputError
 
 
@@ -41,18 +41,21 @@ def build_facts() -> dict:
             "gpus_visible": len(tf.config.list_physical_devices("GPU"))}
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m common.tools.build_info", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="the facts as one JSON object instead of the line")
     parser.add_argument("--require-gpu-build", action="store_true",
                         help="exit 1 unless Horovod has NCCL and TensorFlow is a CUDA build")
-    args = parser.parse_args(argv)
-    with exit_on_user_error():
-        facts = build_facts()
-        print(json.dumps(facts) if args.json else build_line(facts), flush=True)
-        if facts["horovod"] is None:
-            raise UserInputError("Horovod is not importable in this environment; run `make setup` "
-                                 "(or `make check-gpu-build` for the GPU build)")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    facts = build_facts()
+    print(json.dumps(facts) if args.json else build_line(facts), flush=True)
+    if facts["horovod"] is None:
+        raise UserInputError("Horovod is not importable in this environment; run `make setup` "
+                             "(or `make check-gpu-build` for the GPU build)")
     if args.require_gpu_build and not (facts["nccl_built"] and facts["cuda_build"]):
         missing = [name for name in ("nccl_built", "cuda_build") if not facts[name]]
         print(f"build_info: not a GPU build ({', '.join(missing)} False)", flush=True)
@@ -61,4 +64,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_process(run_command(main, name="common.tools.build_info"))

@@ -46,7 +46,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
-import fnmatch
 import hashlib
 import os
 import pathlib
@@ -60,10 +59,13 @@ import google_crc32c
 import numpy as np
 
 from common.deferred import h5py   # at first use: only the layouts of many samples per file need it
+from common.cli import exit_process, non_negative_int_argument, positive_int_argument, run_command
+from common.commands import declared, main_of
 from common.errors import EXIT_BAD_INPUT, UserInputError
 from common.storage.tfrecord import masked_crc32c   # google-crc32c only, no TensorFlow
-from common.storage.outputs import atomic_path, folder_summary, generated_folder, is_empty_folder, require_fillable
-from common.storage.sample_files import bad_entries_message, entry_problem
+from common.storage.outputs import folder_summary, is_empty_folder, require_fillable
+from common.storage.transaction import generated_folder, written_file
+from common.storage.sample_files import DatasetFiles, bad_entries_message, entry_problem  # noqa: F401  (DatasetFiles: part of this module's interface)
 
 CHUNK_BYTES = 4 << 20
 GZIP_MAGIC = b"\x1f\x8b"
@@ -71,29 +73,6 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 HDF5_NAMES = (".h5", ".hdf5")   # files that must be HDF5 (a .nc file may be netCDF-3, which is not)
 TFRECORD_NAMES = (".tfrecord", ".tfrecords")   # uncompressed files that must be TFRecord streams
 NAMED_AT_MOST = 3   # names listed in a one-line message before the rest are counted
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetFiles:
-    """Which files of a dataset folder hold samples: ``patterns`` but not ``exclude`` (fnmatch on the file
-    name); with ``rows_per_file``, each such file is HDF5 holding many samples along the first axis of its
-    datasets, counted by the first of ``count_datasets`` it has.  ``split_tags``: where the splits share one
-    folder, the words in a file's name that tell its split (the first one found; files with none are a group of
-    their own)."""
-
-    name: str
-    patterns: tuple[str, ...]
-    exclude: tuple[str, ...] = ()
-    rows_per_file: bool = False
-    count_datasets: tuple[str, ...] = ()
-    split_tags: tuple[str, ...] = ()
-
-    def is_sample(self, path: pathlib.Path) -> bool:
-        return any(fnmatch.fnmatch(path.name, pattern) for pattern in self.patterns) and \
-            not any(fnmatch.fnmatch(path.name, pattern) for pattern in self.exclude)
-
-    def split_of(self, path: pathlib.Path) -> str | None:
-        return next((tag for tag in self.split_tags if tag in path.name), None)
 
 
 @dataclasses.dataclass
@@ -508,7 +487,7 @@ def write_manifest(source, out, workers: int = 0, progress: bool = True, layout:
     if bad:
         raise UserInputError("; ".join(f"{r.path}: {r.problem}" for r in bad) + "; no manifest written")
     lines = [f"{r.sha256}  {listing.relative(p)}\n" for p, r in zip(listing.files, results)]
-    with atomic_path(out, suffix=".sha256") as temporary:
+    with written_file(out, "common.tools.datatools", inputs=listing.files, source=source, option="--out") as temporary:
         pathlib.Path(temporary).write_text("".join(lines))
     return len(lines)
 
@@ -592,27 +571,33 @@ def default_workers() -> int:
 
 # -- command line -------------------------------------------------------------------------------------
 
-def main(layout: DatasetFiles, argv=None, prog: str = "") -> int:
+def build_parser(prog: str = "") -> argparse.ArgumentParser:
+    """The data tools' command line (``python -m <app>.data subset|manifest|verify``)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     part = commands.add_parser("subset", help="a small reproducible subset in the same layout")
     part.add_argument("--from", dest="source", required=True)
     part.add_argument("--to", dest="target", required=True)
-    part.add_argument("--n", type=int, required=True,
+    part.add_argument("--n", type=positive_int_argument, required=True,
                       help="samples per folder (and per split where splits share a folder)")
-    part.add_argument("--seed", type=int, default=0)
+    part.add_argument("--seed", type=non_negative_int_argument, default=0)
     make = commands.add_parser("manifest", help="sha256 of every file, written once to a new file")
     make.add_argument("--from", dest="source", required=True)
     make.add_argument("--out", required=True)
-    make.add_argument("--workers", type=int, default=0)
+    make.add_argument("--workers", type=non_negative_int_argument, default=0, help="threads (0: one per CPU, at most 16)")
     check = commands.add_parser("verify", help="re-read every file: against a manifest, GZIP streams and HDF5 "
                                 "files whole")
     check.add_argument("--from", dest="source", required=True)
     check.add_argument("--manifest")
-    check.add_argument("--workers", type=int, default=0)
+    check.add_argument("--workers", type=non_negative_int_argument, default=0,
+                       help="threads (0: one per CPU, at most 16)")
     for sub in (make, check):
         sub.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(layout: DatasetFiles, argv=None, prog: str = "") -> int:
+    args = build_parser(prog).parse_args(argv)
     try:
         if args.command == "subset":
             report = subset(layout, args.source, args.target, args.n, args.seed)
@@ -625,13 +610,21 @@ def main(layout: DatasetFiles, argv=None, prog: str = "") -> int:
         else:
             return report_verdict(verify(args.source, args.manifest, args.workers, not args.no_progress, layout),
                                   args.source, args.manifest)
-    except UserInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     except OSError as exc:   # the disk the subset or manifest is written to (full, gone), said in one line
         print(f"error: {exc.filename or args.source}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0
+
+
+def run(layout: DatasetFiles, prog: str, argv=None) -> int:
+    """:func:`main` with the program name first (what the command's declaration runs)."""
+    return main(layout, argv, prog)
+
+
+def command_main(module: str) -> None:
+    """The ``__main__`` of ``<module>`` (an application's ``<app>.data``): its declared main (the application's
+    declaration holds its files' layout) through the one way in."""
+    exit_process(run_command(main_of(declared(module)), name=module))
 
 
 def report_verdict(verdict: Verdict, source: str, manifest: str | None) -> int:

@@ -11,10 +11,14 @@ demo` and the test suite launch their ranks with it.
 
 import sys
 
-from common.cli import exit_on_user_error
+from common.cli import exit_process, run_command
 from common.distributed import launch
 
+
+def main(argv=None) -> int:
+    """horovodrun's command line, passed through (its own parser answers --help and refuses bad arguments)."""
+    return launch(sys.argv[1:] if argv is None else list(argv))
+
+
 if __name__ == "__main__":
-    with exit_on_user_error():
-        code = launch(sys.argv[1:])
-    sys.exit(code)
+    exit_process(run_command(main, name="common.tools.launch"))

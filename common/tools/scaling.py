@@ -70,17 +70,18 @@ import dataclasses
 import json
 import math
 import pathlib
-import sys
 from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from common.cli import exit_on_user_error, find_application, positive_number_argument
+from common.cli import exit_process, find_application, positive_number_argument, run_command
 from common.config import Section, load_config, read_yaml, validate
 from common.deferred import pyplot as plt
 from common.errors import ConfigError, DataError
-from common.storage.outputs import save_figure
+from common.storage.transaction import OutputTransaction, Producer
 from common.tools import bench
+
+TOOL = "common.tools.scaling"
 
 # Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
 # config errors answer without it; matplotlib, only for --png.
@@ -421,8 +422,8 @@ def published_points() -> list[dict]:
     return out
 
 
-def plot(rows: list[dict], title: str, out_png, force: bool = False) -> None:
-    """Samples/s and parallel efficiency against nodes, written to ``out_png`` through the guarded writer."""
+def plot(rows: list[dict], title: str):
+    """Samples/s and parallel efficiency against nodes: the figure."""
     nodes = [r["nodes"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.loglog(nodes, [r["samples_per_second"] for r in rows], "o-", label="model")
@@ -438,14 +439,10 @@ def plot(rows: list[dict], title: str, out_png, force: bool = False) -> None:
         axis.grid(alpha=0.3, which="both")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-
-    try:
-        save_figure(fig, out_png, "common.tools.scaling", force)
-    finally:
-        plt.close(fig)
+    return fig
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m common.tools.scaling", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="application config (model, local batch, precision, compression)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -474,49 +471,57 @@ def main(argv=None) -> int:
     parser.add_argument("--png", help="plot samples/s and efficiency to this file (a new file, or one this suite wrote)")
     parser.add_argument("--force", action="store_true", help="replace a --png file this suite did not write")
     parser.add_argument("--published", action="store_true", help="the published SC18 points, model vs paper")
-    args = parser.parse_args(argv)
+    return parser
 
-    with exit_on_user_error():
-        if args.published:
-            rows = published_points()
-            if args.json:
-                print(json.dumps(rows, indent=1))
-            else:
-                for r in rows:
-                    print(f"{r['name']:<42} {r['system']:<10} {r['nodes']:>6} nodes: paper "
-                          f"{100 * r['published_efficiency']:.1f}%, model {100 * r['model_efficiency']:.1f}% "
-                          f"({r['difference_points']:+.1f} points)")
-            return 0
-        if not args.config or not args.system:
-            raise ConfigError("--config and --system are required (or --published)")
-        try:
-            node_counts = sorted({int(n) for n in args.nodes.split(",") if n.strip()})
-        except ValueError:
-            node_counts = []
-        if not node_counts or node_counts[0] < 1:
-            raise ConfigError(f"--nodes {args.nodes!r}: expected a comma-separated list of positive integers")
-        system = load_system(args.system)
-        if args.alpha_beta:
-            system = system.model_copy(update={"network": system.network.model_copy(update={"allreduce_s": {}})})
-        # The workload first: a rate read from a file is checked against it.
-        work = workload_from_config(args.config, args.set, None, args.dataset_bytes or 0.0, args.sample_bytes)
-        rate = args.samples_per_second or (rate_from_json(args.rate_from, work) if args.rate_from else None)
-        rate_source = "measured"
-        one_node_rate = None
-        steps_without_gradients = {}
-        if rate is None and system.measured_samples_per_second:
-            rate = system.measured_samples_per_second
-            one_node_rate = system.measured_samples_per_second_one_node
-            steps_without_gradients = system.step_without_gradients_s
-            rate_source = f"measured on {system.name} (its sources say for which config)"
-        work = dataclasses.replace(work, rank_samples_per_second=rate, rank_samples_per_second_one_node=one_node_rate,
-                                   step_without_gradients_s=dict(steps_without_gradients))
-        if args.input_rate_from:
-            work = dataclasses.replace(work, input_samples_per_second_per_rank=args.input_cores_per_rank
-                                       * input_rate_from_json(args.input_rate_from, work, args.input_staged))
-        rows = scaling_table(work, system, node_counts)
-        if args.png:
-            plot(rows, f"{pathlib.Path(args.config).stem} on {system.name}", args.png, args.force)
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    # --png: one output, absent or an earlier scaling figure (or --force), checked before the model runs
+    transaction = OutputTransaction(Producer(TOOL, ""), args.force,
+                                    inputs=[p for p in (args.config, args.rate_from, args.input_rate_from) if p])
+    if args.png:
+        transaction.check([args.png], options={args.png: "--png"})
+    if args.published:
+        rows = published_points()
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            for r in rows:
+                print(f"{r['name']:<42} {r['system']:<10} {r['nodes']:>6} nodes: paper "
+                      f"{100 * r['published_efficiency']:.1f}%, model {100 * r['model_efficiency']:.1f}% "
+                      f"({r['difference_points']:+.1f} points)")
+        return 0
+    if not args.config or not args.system:
+        raise ConfigError("--config and --system are required (or --published)")
+    try:
+        node_counts = sorted({int(n) for n in args.nodes.split(",") if n.strip()})
+    except ValueError:
+        node_counts = []
+    if not node_counts or node_counts[0] < 1:
+        raise ConfigError(f"--nodes {args.nodes!r}: expected a comma-separated list of positive integers")
+    system = load_system(args.system)
+    if args.alpha_beta:
+        system = system.model_copy(update={"network": system.network.model_copy(update={"allreduce_s": {}})})
+    # The workload first: a rate read from a file is checked against it.
+    work = workload_from_config(args.config, args.set, None, args.dataset_bytes or 0.0, args.sample_bytes)
+    rate = args.samples_per_second or (rate_from_json(args.rate_from, work) if args.rate_from else None)
+    rate_source = "measured"
+    one_node_rate = None
+    steps_without_gradients = {}
+    if rate is None and system.measured_samples_per_second:
+        rate = system.measured_samples_per_second
+        one_node_rate = system.measured_samples_per_second_one_node
+        steps_without_gradients = system.step_without_gradients_s
+        rate_source = f"measured on {system.name} (its sources say for which config)"
+    work = dataclasses.replace(work, rank_samples_per_second=rate, rank_samples_per_second_one_node=one_node_rate,
+                               step_without_gradients_s=dict(steps_without_gradients))
+    if args.input_rate_from:
+        work = dataclasses.replace(work, input_samples_per_second_per_rank=args.input_cores_per_rank
+                                   * input_rate_from_json(args.input_rate_from, work, args.input_staged))
+    rows = scaling_table(work, system, node_counts)
+    if args.png:
+        with transaction, transaction.reading(args.config):
+            transaction.figure(plot(rows, f"{pathlib.Path(args.config).stem} on {system.name}"), args.png)
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -539,4 +544,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(run_command(main, name=TOOL))

@@ -17,7 +17,7 @@ import argparse
 import shlex
 
 from common.console import logs
-from common.cli import exit_on_user_error, exit_process, find_application
+from common.cli import exit_process, find_application, run_command
 from common.config import expand_environment, load_config
 
 # Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
@@ -38,39 +38,42 @@ def horovod_environment(cfg) -> dict[str, str]:
     return env
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m common.tools.slurm")
     parser.add_argument("command", choices=["env", "stage"])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--app")
-    args = parser.parse_args(argv)
-    with exit_on_user_error():
-        application = find_application(args.config, args.app)
-        cfg = load_config(application.config_schema, args.config, args.set)
-        if args.command == "env":
-            for key, value in horovod_environment(cfg).items():
-                print(f"export {key}={shlex.quote(value)}")
-            stage_dir = getattr(cfg.data, "stage_dir", None)   # with its $VARIABLES expanded, as staging does
-            print(f"STAGE_DIR={shlex.quote(expand_environment(stage_dir, 'data.stage_dir') if stage_dir else '')}")
-            return 0
-        # deferred: TensorFlow and Horovod; `env` (run inside the batch script) must not load them
-        from common import distributed
+    return parser
 
-        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
-                                groups=cfg.distributed.groups, instances=cfg.distributed.instances)
-        logs.configure(dist.rank, dist.size, ("common", application.package))
-        from common.trainer import prepare_data   # deferred: imports TensorFlow, after the arguments are parsed
 
-        datasets = prepare_data(application, cfg, dist)   # the trainer's own: staging happens as it reads
-        dist.world_barrier()   # every rank of the job (of every instance) before any leaves
-        if dist.world_rank == 0:   # with distributed.instances, every instance staged its own shares
-            instances = f" in {dist.instances} instances" if dist.instances > 1 else ""
-            stage_dir = expand_environment(cfg.data.stage_dir, "data.stage_dir")
-            print(f"staged the training files of {dist.world_size} rank(s){instances} to {stage_dir} "
-                  f"({datasets.train_samples} samples per epoch)", flush=True)
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    application = find_application(args.config, args.app)
+    cfg = load_config(application.config_schema, args.config, args.set)
+    if args.command == "env":
+        for key, value in horovod_environment(cfg).items():
+            print(f"export {key}={shlex.quote(value)}")
+        stage_dir = getattr(cfg.data, "stage_dir", None)   # with its $VARIABLES expanded, as staging does
+        print(f"STAGE_DIR={shlex.quote(expand_environment(stage_dir, 'data.stage_dir') if stage_dir else '')}")
+        return 0
+    # deferred: TensorFlow and Horovod; `env` (run inside the batch script) must not load them
+    from common import distributed
+
+    dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads,
+                            groups=cfg.distributed.groups, instances=cfg.distributed.instances)
+    logs.configure(dist.rank, dist.size, ("common", application.package))
+    from common.trainer import prepare_data   # deferred: imports TensorFlow, after the arguments are parsed
+
+    datasets = prepare_data(application, cfg, dist)   # the trainer's own: staging happens as it reads
+    dist.world_barrier()   # every rank of the job (of every instance) before any leaves
+    if dist.world_rank == 0:   # with distributed.instances, every instance staged its own shares
+        instances = f" in {dist.instances} instances" if dist.instances > 1 else ""
+        stage_dir = expand_environment(cfg.data.stage_dir, "data.stage_dir")
+        print(f"staged the training files of {dist.world_size} rank(s){instances} to {stage_dir} "
+              f"({datasets.train_samples} samples per epoch)", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_process(run_command(main, name="common.tools.slurm"))

@@ -43,12 +43,14 @@ import time
 
 import numpy as np
 
-from common.cli import exit_on_user_error, exit_process, find_application
+from common.cli import exit_process, find_application, positive_int_argument, run_command
 from common.config import load_config
 from common.deferred import tensorflow as tf   # at first use: after the arguments are parsed
 from common.errors import ConfigError
-from common.storage import outputs
+from common.storage.transaction import OutputTransaction, Producer
 from common.tools.scaling import collective_terms
+
+TOOL = "common.tools.sysbench"
 
 # Imported where used, not here: TensorFlow, Horovod and the engine modules that import them (after the
 # arguments are parsed, so that --help answers without them), and yaml (for the output).
@@ -305,7 +307,7 @@ def system_document(name: str, description: str, nodes: int, in_jobs: dict[int, 
     }
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m common.tools.sysbench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the app config whose step the compute rate is of")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -314,63 +316,67 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an --out file this suite did not write")
     parser.add_argument("--name", default="measured")
     parser.add_argument("--description", default="")
-    parser.add_argument("--repeats", type=int, default=ALLREDUCE_REPEATS, help="allreduces timed per size")
+    parser.add_argument("--repeats", type=positive_int_argument, default=ALLREDUCE_REPEATS,
+                        help="allreduces timed per size")
     parser.add_argument("--alone", action="store_true",
                         help="only time the trainer as a run of this one process, and print its figures as JSON "
                              "(what the job does last, on its first node)")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats: at least 1")
     if not args.alone and not args.out:
         parser.error("--out is required (unless --alone)")
-    with exit_on_user_error():
-        # deferred: TensorFlow and Horovod, after the arguments are parsed
-        from common import distributed
-        from common.console import cpu
+    transaction = OutputTransaction(Producer(TOOL, ""), args.force, inputs=[args.config])
+    # deferred: TensorFlow and Horovod, after the arguments are parsed
+    from common import distributed
+    from common.console import cpu
 
-        application = find_application(args.config, args.app)
-        cfg = load_config(application.config_schema, args.config, args.set)
-        if args.alone:
-            if distributed.launched_world_size() > 1:
-                raise ConfigError("common.tools.sysbench --alone: run it as one process, not as ranks of a job")
-            distributed.configure_threads(cfg.train.intra_op_threads, cfg.train.inter_op_threads, 1)
-            print(json.dumps(measure_compute(application, cfg)), flush=True)
-            return 0
-        if distributed.launched_world_size() < 2:
-            raise ConfigError("common.tools.sysbench: run one rank per node on 2 nodes or more (srun -N N "
-                              "--ntasks-per-node=1); this process was launched alone")
-        outputs.check_replaceable(args.out, args.force)
-        outputs.check_writable_folder(pathlib.Path(args.out).resolve().parent, "the folder of --out")
-        dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads, prefix_sets=True)
-        if dist.local_size != 1:
-            raise ConfigError(f"common.tools.sysbench: run one rank per node ({dist.local_size} ranks on this node)")
-        # Compute as it runs in jobs of 2..N ranks without the gradient allreduce: under a CPU quota Horovod's
-        # loop takes a large share (measured 1.7-2x at 50% of a core on the virtual cluster), so a rank alone
-        # is no measure of its compute in a job.
-        in_jobs = measure_jobs_without_gradients(application, cfg, dist)
-        p2p = measure_point_to_point(dist)
-        rows = measure_allreduce(dist, allreduce_sizes(in_jobs[2][0]["gradient_bytes"]), args.repeats)
-        # Last, the one-node run, as one trains: Horovod stopped on every node (its loop polls), one fresh
-        # process on the first node.  Measured first, before Horovod on every node at once, it ran 8-15 %
-        # faster than the one-node trainings that followed (#27: what is measured first runs fastest here).
-        dist.world_barrier()
-        dist.shutdown()
-        if dist.is_root:
-            alone = measure_one_node_run(args, distributed.single_process_environment())
-            files = sorted(str(f) for f in pathlib.Path(cfg.data.data_dir).rglob("*") if f.is_file())
-            document = system_document(args.name, args.description, dist.world_size, in_jobs, alone, p2p, rows,
-                                       fit_network(rows), measure_storage(files), cpu.describe(), args.config,
-                                       algorithm_note())
-            outputs.write_yaml(args.out, document, "common.tools.sysbench", args.force)
-            print(json.dumps({"system": args.out, "network": document["network"],
-                              "measured_samples_per_second": document["measured_samples_per_second"],
-                              "step_without_gradients_s": document["step_without_gradients_s"],
-                              "measured_samples_per_second_one_node":
-                                  document["measured_samples_per_second_one_node"],
-                              "step_jitter_fraction": document["step_jitter_fraction"],
-                              "point_to_point": p2p, "allreduce": rows}), flush=True)
+    application = find_application(args.config, args.app)
+    cfg = load_config(application.config_schema, args.config, args.set)
+    if args.alone:
+        if distributed.launched_world_size() > 1:
+            raise ConfigError("common.tools.sysbench --alone: run it as one process, not as ranks of a job")
+        distributed.configure_threads(cfg.train.intra_op_threads, cfg.train.inter_op_threads, 1)
+        print(json.dumps(measure_compute(application, cfg)), flush=True)
+        return 0
+    if distributed.launched_world_size() < 2:
+        raise ConfigError("common.tools.sysbench: run one rank per node on 2 nodes or more (srun -N N "
+                          "--ntasks-per-node=1); this process was launched alone")
+    transaction.check([args.out], options={args.out: "--out"})   # before the job measures anything
+    dist = distributed.init(cfg.train.intra_op_threads, cfg.train.inter_op_threads, prefix_sets=True)
+    if dist.local_size != 1:
+        raise ConfigError(f"common.tools.sysbench: run one rank per node ({dist.local_size} ranks on this node)")
+    # Compute as it runs in jobs of 2..N ranks without the gradient allreduce: under a CPU quota Horovod's
+    # loop takes a large share (measured 1.7-2x at 50% of a core on the virtual cluster), so a rank alone
+    # is no measure of its compute in a job.
+    in_jobs = measure_jobs_without_gradients(application, cfg, dist)
+    p2p = measure_point_to_point(dist)
+    rows = measure_allreduce(dist, allreduce_sizes(in_jobs[2][0]["gradient_bytes"]), args.repeats)
+    # Last, the one-node run, as one trains: Horovod stopped on every node (its loop polls), one fresh
+    # process on the first node.  Measured first, before Horovod on every node at once, it ran 8-15 %
+    # faster than the one-node trainings that followed (#27: what is measured first runs fastest here).
+    dist.world_barrier()
+    dist.shutdown()
+    if dist.is_root:
+        alone = measure_one_node_run(args, distributed.single_process_environment())
+        files = sorted(str(f) for f in pathlib.Path(cfg.data.data_dir).rglob("*") if f.is_file())
+        document = system_document(args.name, args.description, dist.world_size, in_jobs, alone, p2p, rows,
+                                   fit_network(rows), measure_storage(files), cpu.describe(), args.config,
+                                   algorithm_note())
+        with transaction, transaction.reading(f"the measurements of {args.config}"):
+            transaction.yaml(args.out, document)
+        print(json.dumps({"system": args.out, "network": document["network"],
+                          "measured_samples_per_second": document["measured_samples_per_second"],
+                          "step_without_gradients_s": document["step_without_gradients_s"],
+                          "measured_samples_per_second_one_node":
+                              document["measured_samples_per_second_one_node"],
+                          "step_jitter_fraction": document["step_jitter_fraction"],
+                          "point_to_point": p2p, "allreduce": rows}), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_process(run_command(main, name=TOOL))
