@@ -93,8 +93,7 @@ def test_resolved_config_round_trips(tmp_path):
     assert yaml.safe_load((tmp_path / "resolved.yaml").read_text())["train"]["epochs"] == 3
 
 
-APP_CONFIGS = sorted(str(p.relative_to(REPO)) for app in ("cosmoflow", "hep_cnn", "climate_seg")
-                     for p in (REPO / "configs" / app).glob("*.yaml"))
+APP_CONFIGS = sorted(str(p.relative_to(REPO)) for app in registry.names() for p in (REPO / "configs" / app).glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", APP_CONFIGS)

@@ -8,14 +8,12 @@ import sys
 
 import pytest
 
+from common.commands import every_command
 from conftest import REPO, python_env
 
-# Every module a user runs with ``python -m``.
-ENTRY_POINTS = sorted(
-    ".".join(path.relative_to(REPO).with_suffix("").parts)
-    for package in ("common", "cosmoflow", "climate_seg", "hep_cnn")
-    for path in (REPO / package).rglob("*.py")
-    if 'if __name__ == "__main__":' in path.read_text())
+# Every module a user runs with ``python -m``: the declared commands (common/commands.py; tests/test_contract.py
+# holds every __main__ to a declaration).
+ENTRY_POINTS = sorted(command.module for command in every_command())
 
 # Records TF_ENABLE_ONEDNN_OPTS at the moment TensorFlow (or Keras, which loads it) is first imported.
 # With "stop", that import is cut short there (the test needs no more, and it saves TensorFlow's start-up).

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from common import registry
+
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -50,7 +52,7 @@ ENGINE_PAGE = REPO / "docs" / "engine.md"
 def moved_shims() -> dict[str, str]:
     """Old module path -> new one, for every shim kept at an old path (common/_moved.py's ``moved_to`` calls)."""
     shims = {}
-    for package in ("common", "cosmoflow", "climate_seg", "hep_cnn"):
+    for package in ("common", *registry.names()):
         for path in sorted((REPO / package).rglob("*.py")):
             call = re.search(r'^moved_to\("([\w.]+)", __name__, __spec__\)$', path.read_text(), re.MULTILINE)
             if call:
