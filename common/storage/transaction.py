@@ -512,8 +512,16 @@ class OutputTransaction:
         except OSError as exc:
             raise UserInputError(f"{folder}: {claim.option} cannot be created ({exc.strerror})") from None
         claim.created = ([] if (folder / outputs.RUN_LOCK).exists() else [folder / outputs.RUN_LOCK]) + missing
-        claim.lock = outputs.RunDirLock(folder, self.holder,
-                                        option=None if claim.contribution else claim.option).acquire()
+        try:
+            claim.lock = outputs.RunDirLock(folder, self.holder,
+                                            option=None if claim.contribution else claim.option).acquire()
+        except BaseException:   # not ours to lock (in use, a lock file that is no file): the folders it made go
+            for made in missing:
+                try:
+                    made.rmdir()   # only when empty: another command's lock file keeps the folder
+                except OSError:
+                    break
+            raise
         if claim.lock.warning:
             print(f"warning: {claim.lock.warning}", file=sys.stderr, flush=True)
         for left in sweep_staging(folder):
