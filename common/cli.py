@@ -236,7 +236,7 @@ def run_train(package: str, argv=None) -> int:
         print(json.dumps(description), flush=True)
         return 0
 
-    output_dir = pathlib.Path(args.output_dir) if args.output_dir else default_output_dir(app, cfg, args.config)
+    output_dir = outputs.normal_path(args.output_dir if args.output_dir else default_output_dir(app, cfg, args.config))
     # The folder's checks that only read, on every rank before the start-up: a refusal in a second (the
     # claim repeats them under the folder's lock).
     outputs.refuse_if_locked(output_dir)

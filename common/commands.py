@@ -134,7 +134,7 @@ ENGINE = (
             writes=(Output("--json", "file"), Output("--profile", "folder", "profile")),
             summary="where a training step's time goes"),
     Command("common.tools.scaling", parser_of("common.tools.scaling"),
-            reads=(("--config", "config"), ("--rate-from", "file"), ("--input-rate-from", "file")),
+            reads=(("--config", "config"), ("--system", "file"), ("--rate-from", "file"), ("--input-rate-from", "file")),
             writes=(Output("--png", "file"),), summary="the alpha-beta scaling model"),
     Command("common.tools.sysbench", parser_of("common.tools.sysbench"), reads=(("--config", "config"),),
             writes=(Output("--out", "file"),), summary="a measured system file (a job of 2 nodes or more)"),

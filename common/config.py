@@ -74,7 +74,8 @@ class Section(BaseModel):
     (``1e-4``) are still read, as lax mode does.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are no value of any key (a learning rate of inf passed "> 0" and trained to a NaN)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

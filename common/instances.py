@@ -48,7 +48,7 @@ class JobFolder:
     passed its own checks (:meth:`commit`); a refused job leaves it as it was (:meth:`release`)."""
 
     def __init__(self, app, output_dir: pathlib.Path, instances: int, resume: bool, force: bool):
-        self.app, self.output_dir, self.instances = app, output_dir, instances
+        self.app, self.output_dir, self.instances = app, outputs.normal_path(output_dir), instances
         self.resume, self.force = resume, force
         self.producer = Producer(command=f"{app.package}.train", application=app.package)
         self.transaction: OutputTransaction | None = None   # the claim: the one output transaction's, incremental

@@ -113,8 +113,9 @@ def predict_files(predictor: Predictor, run_dir, paths, out, force: bool = False
     options = options if options is not None else argparse.Namespace()
     files = [pathlib.Path(path) for path in list_inputs(paths, predictor.patterns, predictor.what, "--input")]
     dist = dist or distributed.Distributed()
+    given = [pathlib.Path(path) for path in paths if pathlib.Path(path).is_dir()]   # folders of inputs: read whole
     transaction = OutputTransaction(producer_of(predictor, run_dir, files), force,
-                                    inputs=[run_dir / "model.keras", run_dir / "config.yaml", *files])
+                                    inputs=[run_dir / "model.keras", run_dir / "config.yaml", *files, *given])
     transaction.into(out, "predictions", "--out")
     on_every_rank(dist, transaction.check)   # the folder, before any input is read
     inputs = [Input(path, predictor.inspect(cfg, path)) for path in files]

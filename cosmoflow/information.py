@@ -702,7 +702,7 @@ def main(argv=None) -> int:
     # The --json file, checked before the work, not after it: absent or this command's, in a folder it can
     # write, never the --fisher-matrix file it reads (file identity, links followed), never in a folder of
     # another kind (a run's, predictions)
-    transaction = OutputTransaction(Producer(TOOL, "cosmoflow", data=data_dir), force=False,
+    transaction = OutputTransaction(Producer(TOOL, "cosmoflow", data=data_dir), force=False, how="name another --json",
                                     inputs=[args.config, *([args.fisher_matrix] if args.fisher_matrix else [])])
     if args.json:
         transaction.check([args.json], options={args.json: "--json"})

@@ -261,9 +261,10 @@ def write_maxima(cfg: HepConfig, force: bool = False, path=None) -> dict:
     """Compute and write the maxima into ``path`` (default: the derived folder, never the data folder); a file
     there that this suite did not write is kept (an error) unless ``force``."""
     path = writable_derived(derived_dir(cfg.data) / cfg.data.maxima_file) if path is None else path
-    file_transaction(path, MAXIMA_TOOL, force)   # checked before the pass over the training split
+    data = pathlib.Path(cfg.data.data_dir)   # read: never written into
+    file_transaction(path, MAXIMA_TOOL, force, inputs=[data])   # checked before the pass over the training split
     maxima = compute_maxima(cfg)
-    write_json_file(path, maxima, MAXIMA_TOOL, force, source=f"the training split of {cfg.data.data_dir}")
+    write_json_file(path, maxima, MAXIMA_TOOL, force, inputs=[data], source=f"the training split of {data}")
     return maxima
 
 

@@ -242,5 +242,57 @@ def test_a_contribution_to_a_run_folder_is_listed_under_its_command(tmp_path):
     with pytest.raises(UserInputError, match="a run of cosmoflow; hep_cnn.evaluate writes only into runs of hep_cnn"):
         hep.into(run, "run", "--run-dir", contribution=True).check(["metrics.json"])
     tool = OutputTransaction(Producer("cosmoflow.information", "cosmoflow"))
-    with pytest.raises(UserInputError, match="written by another command"):
+    with pytest.raises(UserInputError, match="a file of cosmoflow.evaluate in this run.s folder"):
         tool.check([str(run / "metrics.json")])
+
+
+def test_a_path_through_a_folder_not_yet_made_is_taken_as_it_will_be(tmp_path):
+    """``new/../x``: checked as ``x`` (what the file system resolves once ``new`` is made), so an existing file or
+    folder there is found, and ``new`` is never made."""
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    sneaky = tmp_path / "new" / ".." / "users" / "notes.txt"
+    with pytest.raises(UserInputError, match=f"{users / 'notes.txt'}: exists and was not written by this suite"):
+        OutputTransaction(Producer("cosmoflow.information", "cosmoflow")).check([sneaky])
+    with pytest.raises(UserInputError, match="holds files this suite did not write"):
+        predictions(tmp_path / "new" / ".." / "users").check()
+    assert not (tmp_path / "new").exists() and (users / "notes.txt").read_text() == "mine"
+
+
+def test_another_commands_file_in_a_run_folder_is_never_replaced_even_when_gone_or_forced(tmp_path):
+    run = tmp_path / "run"
+    outputs.mark_run_dir(run, "cosmoflow", files=["config.yaml"], producer=Producer("cosmoflow.train", "cosmoflow").record())
+    evaluate = OutputTransaction(Producer("cosmoflow.evaluate", "cosmoflow", run=str(run)))
+    evaluate.into(run, "run", "--run-dir", contribution=True)
+    evaluate.check(["metrics.json"])
+    with evaluate:
+        evaluate.json("metrics.json", {"mae": 0.1})
+    (run / "metrics.json").unlink()   # gone, but the marker says whose it was
+    for force in (False, True):
+        with pytest.raises(UserInputError, match="a file of cosmoflow.evaluate in this run's folder"):
+            OutputTransaction(Producer("cosmoflow.information", "cosmoflow"), force).check([run / "metrics.json"])
+    with pytest.raises(UserInputError, match="a file of cosmoflow.train"):
+        OutputTransaction(Producer("common.tools.bench"), force=True).check([run / "config.yaml"])
+
+
+def test_an_output_folder_inside_another_folder_of_the_suite_or_inside_an_input_is_refused(tmp_path):
+    out = tmp_path / "out"
+    write(out, ["one.json"])
+    with pytest.raises(UserInputError, match=f"inside {out}, which holds a trained model's predictions"):
+        predictions(out / "sub").check()
+    data = tmp_path / "data"
+    data.mkdir()
+    with pytest.raises(UserInputError, match=f"inside {data}, a folder this command reads"):
+        predictions(data / "predictions", inputs=[data]).check()
+    with pytest.raises(UserInputError, match=f"inside {data}, a folder this command reads"):
+        OutputTransaction(Producer("hep_cnn.maxima"), force=True, inputs=[data]).check([data / "maxima.json"])
+
+
+def test_a_file_given_twice_through_a_hard_link_is_refused(tmp_path):
+    from common.storage.sample_files import list_inputs
+
+    (tmp_path / "a.h5").write_bytes(b"x")
+    os.link(tmp_path / "a.h5", tmp_path / "b.h5")
+    with pytest.raises(UserInputError, match="given twice as --input"):
+        list_inputs([tmp_path / "a.h5", tmp_path / "b.h5"], ("*.h5",), "sample", "--input")

@@ -196,6 +196,7 @@ def convert(inputs: list[str], out_dir, labels: list[str] | None = None, labels_
     file the suite did not write is replaced."""
     # The one listing (common/storage/sample_files.py): files, or folders of them; a dangling link or a folder
     # named like a file refused, never skipped
+    given = [pathlib.Path(path) for path in inputs if pathlib.Path(path).is_dir()]   # folders of inputs: read whole
     inputs = list_inputs(inputs, ("*.nc", "*.nc4"), "CAM5 netCDF", "--input")
     labels = list_inputs(labels, ("*.nc", "*.nc4", "*.h5"), "label", "--labels") if labels else labels
     if labels and len(labels) != len(inputs):
@@ -214,7 +215,7 @@ def convert(inputs: list[str], out_dir, labels: list[str] | None = None, labels_
                                 "(give each ensemble member its own --member)")
             seen[name] = path
     targets = [(out_dir / f"{name}.h5").absolute() for name in seen]
-    transaction = OutputTransaction(Producer(TOOL, "climate_seg"), force, inputs=[*inputs, *(labels or [])])
+    transaction = OutputTransaction(Producer(TOOL, "climate_seg"), force, inputs=[*inputs, *(labels or []), *given])
     transaction.plan(targets)
     transaction.check(targets)
     written: list[pathlib.Path] = []

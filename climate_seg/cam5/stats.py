@@ -317,7 +317,8 @@ def main(argv=None) -> int:
 
     files = list_files(args.directory, ("*.h5",), "climate sample")
     out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory).resolve().parent / "stats.h5"
-    file_transaction(out, TOOL, args.force, inputs=files, option="--out", how=HOW)   # before the pass: never a sample
+    # checked before the pass: never one of the samples, nor in their folder
+    file_transaction(out, TOOL, args.force, inputs=[*files, args.directory], option="--out", how=HOW)
     dist = distributed.init()
     logs.configure(dist.rank, dist.size, ("common", "climate_seg"))
     stats = compute_stats(files, dist)

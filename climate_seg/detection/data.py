@@ -351,10 +351,15 @@ def prepare_data(cfg: DetectConfig) -> None:
 def network_input(images: np.ndarray, path: str, index: int, offset, scale) -> np.ndarray:
     """Snapshots (window, C, H, W) in the network's channel order -> channels-last float32 normalised with
     the run's ``offset`` and ``scale``: what training, evaluation and prediction feed the network alike."""
-    images = np.transpose(images, (0, 2, 3, 1)).astype(np.float32)
-    if not np.all(np.isfinite(images)):
-        raise DataError(f"{path}: images[{index}] hold NaN or Inf")
-    return (images - offset) / scale
+    with np.errstate(over="ignore", invalid="ignore"):   # said below in one line, not as numpy's warning
+        images = np.transpose(images, (0, 2, 3, 1)).astype(np.float32)
+        if not np.all(np.isfinite(images)):
+            raise DataError(f"{path}: images[{index}] hold NaN or Inf")
+        normalised = (images - offset) / scale
+    if not np.all(np.isfinite(normalised)):
+        raise DataError(f"{path}: images[{index}] hold values beyond float32's range once normalised with the "
+                        "run's channel statistics")
+    return normalised
 
 
 def read_images(cfg: DetectConfig, path: str, index: int, window: int, offset, scale) -> np.ndarray:

@@ -59,7 +59,7 @@ class RunFolder:
     """``output_dir`` for one training of ``app`` (module docstring)."""
 
     def __init__(self, app, cfg: AppConfig, output_dir, resume: bool, force: bool):
-        self.app, self.cfg, self.path = app, cfg, pathlib.Path(output_dir)
+        self.app, self.cfg, self.path = app, cfg, outputs.normal_path(output_dir)
         self.resume, self.force = resume, force
         self.started = False
         # The claim of the folder: the one output transaction's (kind and producer, the lock, what it created),
@@ -113,7 +113,8 @@ class RunFolder:
     def _claim_on_root(self, kind: str) -> Claim:
         path = self.path
         self.check(kind)
-        transaction = OutputTransaction(self.producer, self.force, holder=f"{self.app.name}.train")
+        transaction = OutputTransaction(self.producer, self.force, holder=f"{self.app.name}.train",
+                                        inputs=[pathlib.Path(self.cfg.data.data_dir)])
         transaction.into(path, kind, "--output-dir", incremental=True)
         transaction.check()
         transaction.claim()   # created, locked (held until close()), checked again under the lock

@@ -92,6 +92,18 @@ def sha256_of(path) -> str:
     return digest.hexdigest()
 
 
+def normal_path(path) -> pathlib.Path:
+    """``path`` absolute, with ``..`` taken as the file system will: a ``..`` after a folder that does not exist yet
+    (``new/../x``) names what it will once that folder is made, and one after a link goes up from the link's
+    target.  The final name is kept as given (a link there is the link, not what it points to)."""
+    path = pathlib.Path(os.path.abspath(path)) if ".." not in pathlib.Path(path).parts else pathlib.Path(path)
+    if ".." not in path.parts:
+        return path
+    if path.name in ("..", ""):
+        return pathlib.Path(os.path.realpath(path))
+    return pathlib.Path(os.path.realpath(path.parent)) / path.name
+
+
 def settle(temporary) -> None:
     """A temporary file just written: on the disk (fsync), with the mode the umask gives (mkstemp's is 0600)."""
     with open(temporary, "rb+") as handle:

@@ -85,7 +85,7 @@ def list_inputs(paths, patterns, what: str, option: str) -> list[str]:
     ``patterns`` (name order).  The one listing's refusals, each a :class:`~common.errors.UserInputError` naming
     the path: a path that does not exist or is a link to nothing, a named entry that is no readable file, a folder
     with no matching entry or with one that cannot be read as a sample (a dangling link, a folder of a sample's
-    name: named, never skipped), a file named twice (links followed)."""
+    name: named, never skipped), a file named twice (links followed, hard links too)."""
     found: list[str] = []
     for given in map(str, paths):
         if os.path.isdir(given):
@@ -108,10 +108,10 @@ def list_inputs(paths, patterns, what: str, option: str) -> list[str]:
         if problem:
             raise UserInputError(f"{given}: {option} {problem}")
         found.append(given)
-    seen: dict[str, str] = {}
+    seen: dict[tuple[int, int], str] = {}
     for path in found:
-        resolved = os.path.realpath(path)
-        if resolved in seen:
-            raise UserInputError(f"{path}: given twice as {option} (also as {seen[resolved]})")
-        seen[resolved] = path
+        status = os.stat(path)   # links followed, hard links too: the same file by its identity
+        if (status.st_dev, status.st_ino) in seen:
+            raise UserInputError(f"{path}: given twice as {option} (also as {seen[status.st_dev, status.st_ino]})")
+        seen[status.st_dev, status.st_ino] = path
     return found

@@ -304,7 +304,7 @@ class OutputTransaction:
         created undone on a refusal) but written as the run goes, each file atomically and each epoch committed
         by its checkpoint (:class:`common.loop.run_folder.RunFolder` makes the run's own checks of what it
         holds)."""
-        folder = pathlib.Path(folder)
+        folder = outputs.normal_path(folder)
         claim = _Claim(folder, kind, option, contribution, incremental)
         self.claims[self._key(folder)] = claim
         self.home = claim
@@ -314,12 +314,14 @@ class OutputTransaction:
 
     @staticmethod
     def _key(folder: pathlib.Path) -> pathlib.Path:
-        return pathlib.Path(os.path.abspath(folder))
+        return outputs.normal_path(folder)
 
     def destination(self, name) -> pathlib.Path:
-        """An output's path: ``name`` inside the folder ``into`` named, or as given (a loose file)."""
+        """An output's path: ``name`` inside the folder ``into`` named, or as given (a loose file); absolute, and
+        with any ``..`` taken as the file system will once the folders exist (:func:`outputs.normal_path`)."""
         path = pathlib.Path(name)
-        return self.home.folder / path if self.home is not None and not path.is_absolute() else path
+        return outputs.normal_path(self.home.folder / path if self.home is not None and not path.is_absolute()
+                                   else path)
 
     def _claim_of(self, path: pathlib.Path) -> _Claim | None:
         return self.claims.get(self._key(path.parent))
@@ -340,6 +342,9 @@ class OutputTransaction:
                     if _inside(source, claim.folder):
                         raise UserInputError(f"{source}: an input of this command inside its output folder "
                                              f"{claim.folder} ({claim.option}); name another {claim.option}")
+                    if source.is_dir() and _inside(claim.folder, source):
+                        raise UserInputError(f"{claim.folder}: {claim.option} inside {source}, a folder this command "
+                                             f"reads; name a folder outside it")
         paths = [self.destination(name) for name in names]
         if paths and self.owned is not None:
             self._check_unlisted(self.owned, {path.name for path in paths if self._claim_of(path) is self.owned})
@@ -360,6 +365,14 @@ class OutputTransaction:
         outputs.check_writable_folder(folder, option)
         if not held:
             outputs.refuse_if_locked(folder, option=None if claim.contribution else option)
+        if not claim.contribution and claim.kind != "instance":
+            for above in folder.parents:
+                if (above / outputs.RUN_MARKER).is_file():
+                    found_above = outputs.run_kind(above)
+                    what = outputs.RUN_KINDS.get(found_above[0], "the suite's outputs") if found_above else \
+                        "the suite's outputs"
+                    raise UserInputError(f"{folder}: {option} inside {above}, which holds {what}; name a folder "
+                                         "outside it")
         found = outputs.run_kind(folder)
         if claim.contribution:
             self._check_contribution(claim, found)
@@ -416,7 +429,7 @@ class OutputTransaction:
         if kind not in ("run", "instance") and owner is not None and owner.command != self.producer.command:
             raise UserInputError(f"{folder}: holds {outputs.RUN_KINDS.get(kind, kind)}; "
                                  f"{self.producer.command} does not write into it: choose another path")
-        if owner is not None and owner.differs(self.producer, ("application",)):
+        if owner is not None and self.producer.application and owner.differs(self.producer, ("application",)):
             raise UserInputError(f"{folder}: a run of {owner.application}; {self.producer.command} writes only "
                                  f"into runs of {self.producer.application}")
         claim.kind = kind
@@ -437,13 +450,22 @@ class OutputTransaction:
             if _same_file(path, source):
                 raise UserInputError(f"{path}: {said}is also an input of this command ({source}); name another "
                                      "output")
+            if source.is_dir() and _inside(path, source):
+                raise UserInputError(f"{path}: {said}inside {source}, a folder this command reads; name an output "
+                                     "outside it")
+        claim = self._claim_of(path)
+        if claim is not None and claim.contribution:
+            marker = outputs.read_run_marker(claim.folder) or {}
+            writer = _writer_of(marker, path)
+            if writer is not None and writer != self.producer.command:
+                raise UserInputError(f"{path}: {said}a file of {writer} in this run's folder; {self.producer.command} "
+                                     "never replaces another command's file: name another output")
         if not (path.exists() or path.is_symlink()):
-            if self._claim_of(path) is None:
+            if claim is None:
                 outputs.check_writable_folder(path.parent, f"the folder of {said}{path.name}")
             return
         if self.force:
             return
-        claim = self._claim_of(path)
         if claim is not None:
             marker = outputs.read_run_marker(claim.folder) or {}
             if _marks_itself(path) and not _mark_of(path).startswith(outputs.SUITE):
@@ -452,9 +474,6 @@ class OutputTransaction:
                 mine = (marker.get("contributions", {}).get(self.producer.command) or {}).get("files", [])
                 if path.name in mine or _dir_name(path) in mine:
                     return
-                if _listed(marker, path):
-                    raise UserInputError(f"{path}: written by another command ({_writer_of(marker, path)}); "
-                                         f"{self.producer.command} does not replace it: name another output")
             elif _listed(marker, path):
                 return
             raise UserInputError(f"{path}: exists and was not written by this suite; not replaced ({self.how})")
@@ -931,11 +950,16 @@ def _listed(marker: dict, path: pathlib.Path) -> bool:
     return path.name in listed or _dir_name(path) in listed
 
 
-def _writer_of(marker: dict, path: pathlib.Path) -> str:
+def _writer_of(marker: dict, path: pathlib.Path) -> str | None:
+    """The command a run folder's marker says wrote ``path``: a contribution's, the run's own (its training), or
+    None when the marker does not list it."""
     for command, contribution in (marker.get("contributions") or {}).items():
-        if path.name in (contribution or {}).get("files", []):
+        if path.name in (contribution or {}).get("files", []) or _dir_name(path) in (contribution or {}).get("files", []):
             return command
-    return str(marker.get(outputs.WRITTEN_BY, "the run")).replace(outputs.SUITE, "").strip() or "the run"
+    if not _listed(marker, path):
+        return None
+    owner = Producer.of_record(marker.get("producer"), marker)
+    return owner.command if owner is not None else "the run"
 
 
 def _inside(path: pathlib.Path, folder: pathlib.Path) -> bool:

@@ -538,6 +538,8 @@ def main(argv=None) -> int:
     if args.precision:
         overrides.append(f"train.precision={args.precision}")
     cfg = load_config(application.config_schema, args.config, overrides)
+    transaction.inputs.append(pathlib.Path(cfg.data.data_dir))   # no output inside the data it reads
+    transaction.check([json_path] if json_path else [])
     # deferred: TensorFlow and Horovod load only once the arguments and the config are checked
     from common import distributed
 

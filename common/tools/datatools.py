@@ -64,7 +64,7 @@ from common.commands import declared, main_of
 from common.errors import EXIT_BAD_INPUT, UserInputError
 from common.storage.tfrecord import masked_crc32c   # google-crc32c only, no TensorFlow
 from common.storage.outputs import folder_summary, is_empty_folder, require_fillable
-from common.storage.transaction import generated_folder, written_file
+from common.storage.transaction import file_transaction, generated_folder, written_file
 from common.storage.sample_files import DatasetFiles, bad_entries_message, entry_problem  # noqa: F401  (DatasetFiles: part of this module's interface)
 
 CHUNK_BYTES = 4 << 20
@@ -474,20 +474,23 @@ def check_files(paths: list[pathlib.Path], workers: int, progress: bool) -> list
     return results   # type: ignore[return-value]
 
 
-def write_manifest(source, out, workers: int = 0, progress: bool = True, layout: DatasetFiles | None = None) -> int:
+def write_manifest(source, out, workers: int = 0, progress: bool = True, layout: DatasetFiles | None = None,
+                   command: str = "common.tools.datatools") -> int:
     """sha256 lines of every file under ``source`` into the new file ``out``; the number of files.  Refused
-    when an entry cannot be read as a file, a file is corrupt, or there is no file (a manifest of nothing)."""
+    when an entry cannot be read as a file, a file is corrupt, or there is no file (a manifest of nothing).
+    ``command``: the module run (``cosmoflow.data``), what the output transaction says wrote it."""
     source, out = _source_folder(source), pathlib.Path(out)
     _check_apart(source, out, "--out")
     if out.exists() or out.is_symlink():
         raise UserInputError(f"{out}: exists; a manifest is written once (verify against it, or name a new file)")
+    file_transaction(out, command, inputs=[source], option="--out")   # before the files are read and hashed
     listing = readable_listing(source, layout, "no manifest written")
     results = check_files(listing.files, workers or default_workers(), progress)
     bad = [r for r in results if r.problem]
     if bad:
         raise UserInputError("; ".join(f"{r.path}: {r.problem}" for r in bad) + "; no manifest written")
     lines = [f"{r.sha256}  {listing.relative(p)}\n" for p, r in zip(listing.files, results)]
-    with written_file(out, "common.tools.datatools", inputs=listing.files, source=source, option="--out") as temporary:
+    with written_file(out, command, inputs=[source, *listing.files], source=source, option="--out") as temporary:
         pathlib.Path(temporary).write_text("".join(lines))
     return len(lines)
 
@@ -605,7 +608,8 @@ def main(layout: DatasetFiles, argv=None, prog: str = "") -> int:
             print(f"subset of {report['source']} in {report['target']} (seed {args.seed}): samples {per_folder}; "
                   f"{len(report['copied'])} other file(s) copied")
         elif args.command == "manifest":
-            count = write_manifest(args.source, args.out, args.workers, not args.no_progress, layout)
+            count = write_manifest(args.source, args.out, args.workers, not args.no_progress, layout,
+                                   command=prog.replace("python -m ", "") or "common.tools.datatools")
             print(f"{args.out}: sha256 of {count} file(s) under {args.source}")
         else:
             return report_verdict(verify(args.source, args.manifest, args.workers, not args.no_progress, layout),

@@ -478,7 +478,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     # --png: one output, absent or an earlier scaling figure (or --force), checked before the model runs
     transaction = OutputTransaction(Producer(TOOL, ""), args.force,
-                                    inputs=[p for p in (args.config, args.rate_from, args.input_rate_from) if p])
+                                    inputs=[p for p in (args.config, args.system, args.rate_from, args.input_rate_from)
+                                            if p and pathlib.Path(p).exists()])
     if args.png:
         transaction.check([args.png], options={args.png: "--png"})
     if args.published:

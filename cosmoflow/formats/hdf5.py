@@ -75,8 +75,16 @@ def read_crop(path, index, crop):
             i, j, k = np.unravel_index(int(index), per_side)
             x = full[i * crop[0]:(i + 1) * crop[0], j * crop[1]:(j + 1) * crop[1], k * crop[2]:(k + 1) * crop[2], :]
             y = f["unitPar"][:] if "unitPar" in f else np.zeros(0)
+    x_key, y_key = ("x", "y") if split else ("full", "unitPar")
     if not np.all(np.isfinite(y)):
-        raise DataError(f"{path}: '{'y' if split else 'unitPar'}' holds NaN or Inf")
+        raise DataError(f"{path}: '{y_key}' holds NaN or Inf")
+    if y.size and np.max(np.abs(y)) > np.finfo(np.float32).max:   # finite here, infinite as the network's float32
+        raise DataError(f"{path}: '{y_key}' holds {float(np.max(np.abs(y))):.3g}, beyond float32's range")
+    if x.dtype != np.int16 and x.size and (x.min() < np.iinfo(np.int16).min or x.max() > np.iinfo(np.int16).max):
+        # counts are read as int16 (the published files' type): a wider one must fit, never wrap around
+        bad = x.max() if x.max() > np.iinfo(np.int16).max else x.min()
+        raise DataError(f"{path}: '{x_key}' (crop {int(index)}) holds the count {int(bad)}, beyond int16's "
+                        f"{np.iinfo(np.int16).min}..{np.iinfo(np.int16).max} (the published files' type)")
     return np.asarray(x, np.int16), np.asarray(y, np.float32)
 
 
