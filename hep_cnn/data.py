@@ -260,11 +260,13 @@ def compute_maxima(cfg: HepConfig) -> dict:
 def write_maxima(cfg: HepConfig, force: bool = False, path=None) -> dict:
     """Compute and write the maxima into ``path`` (default: the derived folder, never the data folder); a file
     there that this suite did not write is kept (an error) unless ``force``."""
+    data = pathlib.Path(cfg.data.data_dir)
+    # the derived folder: never inside the data folder it reads; a ``path`` given: a folder the suite generated
+    inputs = [data] if path is None else []
     path = writable_derived(derived_dir(cfg.data) / cfg.data.maxima_file) if path is None else path
-    data = pathlib.Path(cfg.data.data_dir)   # read: never written into
-    file_transaction(path, MAXIMA_TOOL, force, inputs=[data])   # checked before the pass over the training split
+    file_transaction(path, MAXIMA_TOOL, force, inputs=inputs)   # checked before the pass over the training split
     maxima = compute_maxima(cfg)
-    write_json_file(path, maxima, MAXIMA_TOOL, force, inputs=[data], source=f"the training split of {data}")
+    write_json_file(path, maxima, MAXIMA_TOOL, force, inputs=inputs, source=f"the training split of {data}")
     return maxima
 
 
