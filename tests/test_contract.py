@@ -559,6 +559,7 @@ def hook():
     transaction.fault_hook = None
 
 
+@pytest.mark.slow   # (4 tiny trainings for its recipes, then each command about 8 times)
 @pytest.mark.parametrize("key", sorted(RECIPES))
 def test_every_command_holds_the_output_contract(key, env, tmp_path, capsys, hook):
     recipe = RECIPES[key](env, tmp_path)
