@@ -267,11 +267,3 @@ def assign_checkpoint(state: dict, arrays: dict, model_variables, optimizer_vari
             variable.assign(arrays[key])
     return [[arrays[k] for k in sorted(k for k in arrays if k.startswith(f"rng/{rank:05d}/"))]
             for rank in range(state.get("ranks", 0))]
-
-
-def restore_checkpoint(path: str | pathlib.Path, model_variables, optimizer_variables,
-                       expected: dict | None = None) -> tuple[dict, list]:
-    """Read ``path`` whole, check it fits, assign it: (state record, per-rank random-number states)."""
-    state, arrays = load_checkpoint(path)
-    check_compatible(path, state, arrays, model_variables, optimizer_variables, expected or {})
-    return state, assign_checkpoint(state, arrays, model_variables, optimizer_variables)
