@@ -138,15 +138,26 @@ def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _deferred_module_name(node: ast.AST) -> str | None:
+    """The module a ``DeferredModule("a.module")`` call names (``deferred.DeferredModule(...)`` too), else None."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return None
+    called = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+    return node.args[0].value if called == "DeferredModule" and isinstance(node.args[0].value, str) else None
+
+
 def _imports_of_the_suite(path: pathlib.Path, root: pathlib.Path, modules: set[str]) -> set[str]:
-    """The suite's modules that ``path`` imports, at the top or inside a function: a deferred import delays a
-    dependency, it does not reverse it.  ``from package import module`` names the module, not the package."""
+    """The suite's modules that ``path`` imports, at the top, inside a function or through
+    ``DeferredModule("a.module")`` (common/deferred.py): a deferred import delays a dependency, it does not reverse
+    it.  ``from package import module`` names the module, not the package."""
     here = _module_name(path, root).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
+        elif deferred := _deferred_module_name(node):
+            found.add(deferred)
         elif isinstance(node, ast.ImportFrom):
             base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]).strip(".") \
                 if node.level else node.module
@@ -183,14 +194,18 @@ def test_no_two_modules_import_each_other():
 
 def test_the_checker_finds_an_import_cycle(tmp_path):
     # The rule above must be able to fail: a loop of three, one side deferred into a function (and relative),
-    # beside a module that only imports.
+    # beside a module that only imports; and a loop closed only by DeferredModule names (common/deferred.py),
+    # called by its own name and through its module.
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "a.py").write_text("import pkg.b\n")
     (tmp_path / "pkg" / "b.py").write_text("from pkg.c import thing\n")
     (tmp_path / "pkg" / "c.py").write_text("def thing():\n    from . import a\n")
     (tmp_path / "pkg" / "d.py").write_text("from pkg import a, b\n")
-    assert import_cycles(tmp_path, ("pkg",)) == ["pkg.a imports pkg.b, pkg.b imports pkg.c, pkg.c imports pkg.a"]
+    (tmp_path / "pkg" / "e.py").write_text('from common.deferred import DeferredModule\nf = DeferredModule("pkg.f")\n')
+    (tmp_path / "pkg" / "f.py").write_text('from common import deferred\ne = deferred.DeferredModule("pkg.e")\n')
+    assert import_cycles(tmp_path, ("pkg",)) == ["pkg.a imports pkg.b, pkg.b imports pkg.c, pkg.c imports pkg.a",
+                                                 "pkg.e imports pkg.f, pkg.f imports pkg.e"]
 
 
 def _documentation(tree: ast.AST) -> set[int]:
