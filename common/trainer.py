@@ -28,7 +28,7 @@ from common.application import Application, Datasets
 from common.config import AppConfig, network_data_record
 from common.console import cpu
 from common.distributed import Distributed
-from common.errors import NonFiniteLoss, Preempted, UserInputError
+from common.errors import NonFiniteLoss, Preempted, UserInputError, data_error_from_pipeline
 from common.hybrid import GroupExchange
 from common.loop.callbacks import (EpochEndSync, EpochReport, LearningRateLog, RootWrite, SaveCheckpoint, Throughput,
                                   confusion_metrics, rng_variables, state_variables)
@@ -42,7 +42,6 @@ from common.nn.layers import plain_keras
 from common.nn.optimizers import build_optimizer, peak_learning_rate
 from common.nn.schedules import build_schedule
 from common.storage import checkpoint, outputs
-from common.storage.data import data_error_from_pipeline
 from common.training_model import TrainingModel
 
 log = logging.getLogger(__name__)

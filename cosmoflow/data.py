@@ -44,7 +44,8 @@ from common.distributed import Distributed
 from common.errors import DataError
 from common.nn.precision import compute_dtype
 from common.storage.data import (check_split_files, list_files, screen_files, select_count, shards_files,
-                                 shuffled_shards, stage_files)
+                                 shuffled_shards)
+from common.storage.staging import stage_files
 from common.storage.tfrecord import first_bad_file, read_records, scan_tfrecord
 from cosmoflow import formats
 from cosmoflow.config import CosmoflowConfig

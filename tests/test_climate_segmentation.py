@@ -24,8 +24,7 @@ from climate_seg.segmentation.deeplab import build_deeplab
 from climate_seg.segmentation.loss import WeightedPixelCrossEntropy, class_weights
 from climate_seg.segmentation.tiramisu import build_tiramisu
 from common.distributed import Distributed
-from common.errors import DataError
-from common.storage.data import data_error_from_pipeline
+from common.errors import DataError, data_error_from_pipeline
 from common.nn.metrics import ConfusionMatrix, iou_from_confusion
 from tests.conftest import REPO, last_json_line, run_python
 

@@ -298,7 +298,7 @@ def write_hdf5_volumes(directory, samples):
 @pytest.mark.parametrize("case", ["nan_target", "negative"])
 @pytest.mark.parametrize("file_format", ["tfrecord", "hdf5"])
 def test_bad_values_are_named_by_file_as_they_are_read(tmp_path, case, file_format):
-    from common.storage.data import data_error_from_pipeline
+    from common.errors import data_error_from_pipeline
 
     samples = make_samples(4, 12)
     x, y = samples[2]

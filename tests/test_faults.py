@@ -422,7 +422,7 @@ def test_modes_follow_the_umask(tiny_cosmo_data, tmp_path):
 
 
 def test_staging_recopies_a_source_that_changed(tmp_path):
-    from common.storage.data import stage_files
+    from common.storage.staging import stage_files
     from common.distributed import Distributed
 
     first = tmp_path / "first"

@@ -287,7 +287,7 @@ def test_cosmoflow_sc18_records(tmp_path, dtype):
 
 
 def test_cosmoflow_targets_beyond_the_output_range_are_named(tmp_path):
-    from common.storage.data import data_error_from_pipeline
+    from common.errors import data_error_from_pipeline
 
     x, y = volumes(4), RNG.uniform(-1, 1, (4, 4)).astype(np.float32)
     y[3, 2] = 3.5   # physical n_s-like values written where unitPar belong

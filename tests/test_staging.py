@@ -1,4 +1,4 @@
-"""Staging (``data.stage_dir``, :func:`common.storage.data.stage_files`): two jobs never share a rank's staged
+"""Staging (``data.stage_dir``, :func:`common.storage.staging.stage_files`): two jobs never share a rank's staged
 copies at once, a copy is reused only while it holds the bytes staged, staging never writes into a data
 folder or a user's folder, a full disk or a file size limit is one line naming the file, and the shipped
 configs stage into a folder of each job's own."""
@@ -15,7 +15,7 @@ import pytest
 
 from common.distributed import Distributed
 from common.errors import ConfigError, DataError
-from common.storage.data import STAGE_LOCK, STAGE_MANIFEST, stage_files
+from common.storage.staging import STAGE_LOCK, STAGE_MANIFEST, stage_files
 from common.storage.tfrecord import masked_crc32c, scan_tfrecord
 from conftest import REPO, python_env, run_python
 
@@ -26,7 +26,7 @@ JOB = """
 import glob, resource, signal, sys
 from common.cli import exit_on_user_error
 from common.distributed import Distributed
-from common.storage.data import stage_files
+from common.storage.staging import stage_files
 
 data, stage, size_limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print("ready", flush=True)
@@ -257,7 +257,7 @@ def test_slurm_env_prints_the_stage_dir_the_job_stages_into():
 KILLED_MID_COPY = """
 import glob, os, pathlib, sys, time
 from common.distributed import Distributed
-from common.storage.data import StagedFormat, stage_files
+from common.storage.staging import StagedFormat, stage_files
 
 def write(source, destination):
     pathlib.Path(destination).write_bytes(b"half a copy")
@@ -285,7 +285,7 @@ def test_the_partial_copies_of_a_killed_staging_are_removed_by_the_next_one(tmp_
     assert partial and all(name.split(".")[1] in ("a", "b", "c") for name in partial), partial
     other = stage / "rank-0" / ".notes.txt.x1.partial"   # no name this staging lists or writes
     other.write_text("not a copy of ours")
-    with caplog.at_level("WARNING", logger="common.storage.data"):
+    with caplog.at_level("WARNING", logger="common.storage.staging"):
         again = stage_files(sources(tmp_path / "data"), str(stage), Distributed(), data_dir=str(tmp_path / "data"))
     assert {pathlib.Path(p).name: pathlib.Path(p).read_bytes() for p in again} == ours
     assert sorted(p.name for p in (stage / "rank-0").glob(".*.partial")) == [other.name]

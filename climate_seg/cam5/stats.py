@@ -270,7 +270,7 @@ CLASS_COUNTS_FILE = "class_counts.json"
 
 def class_counts_path(data, stats_path) -> pathlib.Path:
     """Where the class counts of a dataset whose statistics lack them are kept: the derived folder
-    (:func:`common.storage.data.derived_dir`); one beside the statistics file (where versions before
+    (:func:`common.storage.derived.derived_dir`); one beside the statistics file (where versions before
     2026-12-04 wrote it) is read when the derived folder has none."""
     return derived_file(data, CLASS_COUNTS_FILE, pathlib.Path(stats_path).with_name(CLASS_COUNTS_FILE))
 

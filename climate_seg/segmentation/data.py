@@ -39,7 +39,8 @@ from climate_seg.cam5.stats import class_counts_path, load_stats, read_sample, s
 from climate_seg.cam5.synth import generate_dataset
 from common.application import Datasets
 from common.loop import epochs
-from common.storage.data import check_split_files, read_at, select_count, shards_files, stage_files
+from common.storage.data import check_split_files, read_at, select_count, shards_files
+from common.storage.staging import stage_files
 from common.storage.derived import writable_derived
 from common.distributed import Distributed
 from common.errors import DataError

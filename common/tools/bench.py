@@ -53,6 +53,7 @@ from common.config import load_config
 from common.console import cpu, logs
 from common.deferred import tensorflow as tf   # at first use, after the arguments are parsed
 from common.errors import DataError, UserInputError
+from common.storage.staging import check_stage_dir
 from common.storage.transaction import OutputTransaction, Producer
 
 TOOL = "common.tools.bench"
@@ -274,8 +275,6 @@ def input_only(application, cfg, dist, steps: int, stage_decompressed: str | Non
                 and cfg.data.format == "tfrecord"):
             raise UserInputError(f"--stage-decompressed: {application.name}'s data in {cfg.data.data_dir} is not "
                                  "GZIP TFRecords (data.format: tfrecord, data.compression: gzip); nothing to inflate")
-        from common.storage.data import check_stage_dir   # deferred: TensorFlow, as above
-
         check_stage_dir(pathlib.Path(stage_decompressed), [cfg.data.data_dir])
     datasets = prepare_data(application, cfg, dist, check_device=False)
     one_core, window = _steady_input_rate(datasets, batch, steps, threads=1)

@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from common.distributed import Distributed
 from common.errors import DataError
-from common.storage.data import StagedFormat, read_at
+from common.storage.data import read_at
+from common.storage.staging import StagedFormat
 from common.storage.tfrecord import read_records
 from cosmoflow.formats.layout import SampleLayout
 
