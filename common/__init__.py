@@ -2,6 +2,7 @@
 optimizers, schedules, FLOP and throughput accounting, checkpoints and the one
 training loop.  Nothing in here knows which science it is training."""
 
+from common import _moved
 from common.console import cpu as _cpu
 from common.console import quiet as _quiet
 from common.console import signals as _signals
@@ -17,5 +18,7 @@ _signals.quiet_until_run_command()
 _quiet.install()
 # Temporary files (TensorFlow's AutoGraph sources among them) in a folder of this process's, removed at its end.
 _scratch.install()
+# The old module paths, for one release (common/_moved.py).
+_moved.install()
 # oneDNN kernels on every x86 CPU, not only where TensorFlow enables them by default (common/console/cpu.py).
 _cpu.enable_onednn()

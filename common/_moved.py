@@ -1,15 +1,22 @@
-"""Old module paths kept for one release after a module moved (the table in docs/engine.md, "Moved modules").
+"""Old module paths kept for one release after a module moved (docs/engine.md, "Moved modules").
 
-Each old path is a module of one call, ``moved_to("the.new.path", __name__, __spec__)``.  Imported (``from
-common import optimizers``), it warns once (a module runs once per process) and puts the new module in its own
-place, so the old name gives the very module the new one does, its classes the same objects.  Run as ``python
--m the.old.path ...``, it warns and runs the new module as ``__main__`` with the same arguments: the exit code
-is the new command's.  Nothing here imports TensorFlow, so ``--help`` stays as fast as the new command's.
+One table, old path -> new path, served by one import finder on ``sys.meta_path`` (installed by
+``common/__init__.py``) instead of a file at each old path: the package's folders show only the modules that are
+there.  An application's own moved modules are lines of the same table, added by its package's ``__init__``
+(:func:`register`), since the engine names no application.  The finder answers only for a name no file
+answers for (it comes after Python's own finders), so a module written at an old path wins over the table.
+
+Imported (``from common import optimizers``), an old path warns once (a module is imported once per process)
+and gives the new module itself, its classes the same objects.  Run as ``python -m the.old.path ...`` (runpy
+finds the old path through this finder and runs the code it gives), it warns and runs the new module as
+``__main__`` with the same arguments: the exit code is the new command's.  Nothing here imports TensorFlow, so
+``--help`` stays as fast as the new command's.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import runpy
 import sys
 import warnings
@@ -23,19 +30,78 @@ REMOVED_IN = "0.2.0"
 # shows by default everywhere, meant for the users of a program rather than its developers.
 CATEGORY = FutureWarning
 
+# The engine's moved modules; an application's come from its package (register).
+MOVED = {
+    "common.batch_norm": "common.nn.batch_norm",
+    "common.flops": "common.nn.flops",
+    "common.layers": "common.nn.layers",
+    "common.metrics": "common.nn.metrics",
+    "common.optimizers": "common.nn.optimizers",
+    "common.precision": "common.nn.precision",
+    "common.schedules": "common.nn.schedules",
+    "common.callbacks": "common.loop.callbacks",
+    "common.mlperf": "common.loop.mlperf",
+    "common.preemption": "common.loop.preemption",
+    "common.reliability": "common.loop.reliability",
+    "common.checkpoint": "common.storage.checkpoint",
+    "common.data": "common.storage.data",
+    "common.outputs": "common.storage.outputs",
+    "common.plots": "common.storage.plots",
+    "common.tfrecord": "common.storage.tfrecord",
+    "common.cpu": "common.console.cpu",
+    "common.logs": "common.console.logs",
+    "common.progress": "common.console.progress",
+    "common.quiet": "common.console.quiet",
+    "common.bench": "common.tools.bench",
+    "common.check_data": "common.tools.check_data",
+    "common.scaling": "common.tools.scaling",
+    "common.slurm": "common.tools.slurm",
+}
 
-def moved_to(new: str, name: str, spec) -> None:
-    """Stand the calling shim module (``name``: its ``__name__``, ``spec``: its ``__spec__``) in for ``new``."""
-    old = spec.name
-    if name == "__main__":
-        # stacklevel 2: the shim's own line (above it is only runpy).
-        warnings.warn(f"`python -m {old}` is now `python -m {new}`; the old name is removed in {REMOVED_IN}",
+
+def register(moved: dict[str, str]) -> None:
+    """Add a package's moved modules (old path -> new path) to the table the finder serves."""
+    MOVED.update(moved)
+
+
+def run_as_main(old: str) -> None:
+    """``python -m old``: the warning, then the new module run as ``__main__`` with this process's arguments."""
+    new = MOVED[old]
+    # stacklevel 2: the line of the code the finder gave runpy, named after the command the user typed.
+    warnings.warn(f"`python -m {old}` is now `python -m {new}`; the old name is removed in {REMOVED_IN}",
+                  CATEGORY, stacklevel=2)
+    runpy.run_module(new, run_name="__main__", alter_sys=True)
+
+
+class MovedModuleFinder:
+    """The finder and loader of every old path in :data:`MOVED` (module docstring)."""
+
+    @classmethod
+    def find_spec(cls, fullname: str, path=None, target=None):
+        if fullname not in MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, cls(), origin=f"moved to {MOVED[fullname]}")
+
+    def create_module(self, spec):
+        return None   # the import system's plain module: exec_module puts the new one in its place
+
+    def exec_module(self, module) -> None:
+        old = module.__spec__.name
+        new = MOVED[old]
+        # stacklevel 2: `warnings` passes over the import system's own frames, so the warning names the user's
+        # line that imported the old path.
+        warnings.warn(f"{old} moved to {new}; import it from there (the old path is removed in {REMOVED_IN})",
                       CATEGORY, stacklevel=2)
-        runpy.run_module(new, run_name="__main__", alter_sys=True)
-        return
-    # stacklevel 3: past this function and the shim, the import machinery's frames are skipped by `warnings`,
-    # so the warning names the user's line that imported the old path.
-    warnings.warn(f"{old} moved to {new}; import it from there (the old path is removed in {REMOVED_IN})",
-                  CATEGORY, stacklevel=3)
-    # The import system reads sys.modules[old] back after running the shim: the new module is what it binds.
-    sys.modules[old] = importlib.import_module(new)
+        # The import system reads sys.modules[old] back after exec_module: the new module is what it binds.
+        sys.modules[old] = importlib.import_module(new)
+
+    def get_code(self, fullname: str):
+        """What ``python -m fullname`` runs (runpy asks the loader for code, there being no file to read)."""
+        return compile(f"import common._moved; common._moved.run_as_main({fullname!r})\n",
+                       f"<python -m {fullname}>", "exec")
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path``, after Python's own finders, once per process."""
+    if MovedModuleFinder not in sys.meta_path:
+        sys.meta_path.append(MovedModuleFinder)

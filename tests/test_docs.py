@@ -1,12 +1,13 @@
 """The README and docs/: every relative link and #anchor resolves, every figure shown is committed, and the
 README stays a short page (at most 300 lines; the rest lives in docs/)."""
 
+import importlib
 import re
 from pathlib import Path
 
 import pytest
 
-from common import registry
+from common import _moved, registry
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -49,26 +50,22 @@ def test_links_and_anchors_resolve(page):
 ENGINE_PAGE = REPO / "docs" / "engine.md"
 
 
-def moved_shims() -> dict[str, str]:
-    """Old module path -> new one, for every shim kept at an old path (common/_moved.py's ``moved_to`` calls)."""
-    shims = {}
-    for package in ("common", *registry.names()):
-        for path in sorted((REPO / package).rglob("*.py")):
-            call = re.search(r'^moved_to\("([\w.]+)", __name__, __spec__\)$', path.read_text(), re.MULTILINE)
-            if call:
-                shims[".".join(path.relative_to(REPO).with_suffix("").parts)] = call.group(1)
-    return shims
+def moved_modules() -> dict[str, str]:
+    """Old module path -> new one: the finder's table (common/_moved.py), with the lines each registered
+    application's package adds when it is imported."""
+    for package in registry.names():
+        importlib.import_module(package)
+    return dict(_moved.MOVED)
 
 
 def engine_modules_not_named(page_text: str, common: Path) -> list[str]:
-    """The modules under ``common`` (``__init__`` and the moved-path shims aside) that ``page_text`` names
-    neither by path (``nn/layers.py``, ``common/nn/layers.py``) nor dotted (``common.nn.layers``)."""
-    shims = set(moved_shims()) if common == REPO / "common" else set()
+    """The modules under ``common`` (``__init__`` aside) that ``page_text`` names neither by path
+    (``nn/layers.py``, ``common/nn/layers.py``) nor dotted (``common.nn.layers``)."""
     missing = []
     for path in sorted(common.rglob("*.py")):
         relative = path.relative_to(common)
         dotted = ".".join(("common", *relative.with_suffix("").parts))
-        if path.name == "__init__.py" or dotted in shims:
+        if path.name == "__init__.py":
             continue
         names = (f"`{relative.as_posix()}`", f"common/{relative.as_posix()}", f"`{dotted}`")
         if not any(name in page_text for name in names):
@@ -93,7 +90,7 @@ def test_the_module_check_finds_an_unnamed_module(tmp_path):
 def test_engine_page_lists_every_moved_module():
     # Each old path with its new one, on one row of the "Moved modules" table.
     rows = [line for line in ENGINE_PAGE.read_text().splitlines() if line.startswith("| `")]
-    missing = [f"{old} -> {new}" for old, new in moved_shims().items()
+    missing = [f"{old} -> {new}" for old, new in moved_modules().items()
                if not any(f"`{old}`" in row and f"`{new}`" in row for row in rows)]
-    assert moved_shims(), "no moved-module shims found (common/_moved.py's moved_to calls)"
+    assert moved_modules(), "no moved modules found (common/_moved.py's table)"
     assert not missing, f"docs/engine.md's Moved modules table lacks: {missing}"

@@ -1,6 +1,7 @@
-"""Old module paths (common/_moved.py): for one release each still imports, giving the new module, and each old
-``python -m`` command runs the new one with the same arguments and exit code; both say where the module went
-with a warning Python shows by default.  ``--help`` on an old command still loads no TensorFlow."""
+"""Old module paths (common/_moved.py's table, served by one import finder): for one release each still imports,
+giving the new module, and each old ``python -m`` command runs the new one with the same arguments and exit code;
+both say where the module went with a warning Python shows by default.  ``--help`` on an old command still loads
+no TensorFlow."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import tomllib
 import pytest
 
 from conftest import REPO, python_env
-from test_docs import moved_shims
+from test_docs import moved_modules
 
 from common import _moved
 
-SHIMS = moved_shims()
+SHIMS = moved_modules()
 # Those run as commands: the new module has a __main__ block.
 COMMANDS = sorted(old for old, new in SHIMS.items()
                   if 'if __name__ == "__main__":' in (REPO / (new.replace(".", "/") + ".py")).read_text())
@@ -37,6 +38,15 @@ def test_the_old_paths_users_had_are_kept():
         "progress", "quiet", "bench", "check_data", "scaling", "slurm")}
     assert named | moved_into_subpackages <= set(SHIMS)
     assert {"common.bench", "common.scaling", "common.check_data", "common.slurm"} <= set(COMMANDS)
+
+
+def test_each_old_path_is_served_by_the_table_alone_and_each_new_path_is_a_module():
+    # No file or folder left at an old path (the finder answers only where no file does: one would shadow the
+    # table's line), and every new path a module of the suite.
+    for old, new in SHIMS.items():
+        old_path, new_path = REPO / old.replace(".", "/"), REPO / new.replace(".", "/")
+        assert not old_path.with_suffix(".py").exists() and not old_path.is_dir(), old
+        assert new_path.with_suffix(".py").is_file(), f"{old} -> {new}: no such module"
 
 
 def test_removal_release_is_the_one_after_the_version():
@@ -91,7 +101,9 @@ def test_old_command_passes_its_arguments_and_exit_code():
     new = _run(["-m", "common.tools.check_data", "--config", missing])
     assert (old.returncode, new.returncode) == (2, 2)
     assert old.stdout == new.stdout
-    old_error = [line for line in old.stderr.splitlines() if "moved_to(" not in line and "FutureWarning" not in line]
+    warning, *old_error = old.stderr.splitlines()
+    assert warning == (f"<python -m common.check_data>:1: FutureWarning: `python -m common.check_data` is now "
+                       f"`python -m common.tools.check_data`; the old name is removed in {_moved.REMOVED_IN}")
     assert old_error == new.stderr.splitlines() == [f"error: {missing}: config file not found"]
     # An argument the command does not know: argparse's exit 2 through SystemExit.
     assert _run(["-m", "common.scaling", "--no-such-option"]).returncode == 2

@@ -1,8 +1,0 @@
-"""Moved to ``common.console.logs``; this old path works for one release more, with a warning.
-
-(common/_moved.py; docs/engine.md, "Moved modules".)
-"""
-
-from common._moved import moved_to
-
-moved_to("common.console.logs", __name__, __spec__)
