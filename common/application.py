@@ -16,8 +16,10 @@ model, datasets, loss,       :class:`Parts`, returned by the declaration's ``par
 metrics, data hooks          imports the TensorFlow half at the first read of any of them
 ===========================  ==========================================================================
 
-``build_datasets`` returns :class:`Datasets`.  A package holding several applications chosen by a config key
-(climate_seg: segmentation and detection) registers :class:`Tasks`, the one place that choice is made.
+``build_datasets`` returns a :class:`common.loop.epochs.Datasets`, built from :class:`common.loop.epochs.Split`
+(the epoch module defines both; they are imported here too, as the contract's types).  A package holding several
+applications chosen by a config key (climate_seg: segmentation and detection) registers :class:`Tasks`, the one
+place that choice is made.
 """
 
 from __future__ import annotations
