@@ -29,7 +29,7 @@ from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_
 from common.instances import JobFolder, run_instances
 from common.loop.preemption import StopRequest
 from common.loop.run_folder import RunFolder
-from common.storage import outputs, scratch, transaction
+from common.storage import outputs, run_dirs, scratch, transaction
 
 # TensorFlow and Horovod load only once the arguments and the config are checked: --help and config errors answer
 # without them (common.distributed imports Horovod in init() and TensorFlow at first use).
@@ -239,7 +239,7 @@ def run_train(package: str, argv=None) -> int:
     output_dir = outputs.normal_path(args.output_dir if args.output_dir else default_output_dir(app, cfg, args.config))
     # The folder's checks that only read, on every rank before the start-up: a refusal in a second (the
     # claim repeats them under the folder's lock).
-    outputs.refuse_if_locked(output_dir)
+    run_dirs.refuse_if_locked(output_dir)
     if cfg.distributed.instances > 1:
         JobFolder(app, output_dir, cfg.distributed.instances, args.resume, args.force).check()
     else:

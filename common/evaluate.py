@@ -24,7 +24,7 @@ from common.application import Evaluator
 from common.cli import exit_process, run_command
 from common.config import load_config
 from common.errors import UserInputError
-from common.storage import outputs
+from common.storage import run_dirs
 from common.storage.outputs import sha256_of
 from common.storage.transaction import OutputTransaction, Producer
 
@@ -32,12 +32,12 @@ from common.storage.transaction import OutputTransaction, Producer
 def require_run(run_dir: pathlib.Path) -> None:
     """A one-line error unless ``run_dir`` is one finished training run (its ``config.yaml`` and ``model.keras``;
     a job of several instances is refused, naming its instance folders)."""
-    found = outputs.run_kind(run_dir)
+    found = run_dirs.run_kind(run_dir)
     if found is not None and found[0] == "instances":
-        count = outputs.recorded_instances(found[1])
+        count = run_dirs.recorded_instances(found[1])
         raise UserInputError(f"{run_dir}: holds a job of {count or 'several'} instances, each a run of its own: "
                              f"evaluate one with --run-dir {run_dir / 'instance-0'} (up to instance-{(count or 2) - 1})")
-    outputs.refuse_if_locked(run_dir, option=None)   # a training in progress: "in use", not "model.keras not found"
+    run_dirs.refuse_if_locked(run_dir, option=None)   # a training in progress: "in use", not "model.keras not found"
     for required in ("config.yaml", "model.keras"):
         if not (run_dir / required).is_file():
             raise UserInputError(f"{run_dir / required}: not found (is {run_dir} a finished training run?)")
@@ -114,7 +114,7 @@ def evaluate_run(evaluator: Evaluator, run_dir, split: str | None = None, data_d
                         model_sha256=sha256_of(run_dir / "model.keras"), data=evaluated)
     transaction = OutputTransaction(producer, force, inputs=[run_dir / "model.keras", run_dir / "config.yaml",
                                                              run_dir / "history.csv"])
-    if outputs.run_kind(run_dir) is not None:   # a run of the suite's: its files a contribution to the folder
+    if run_dirs.run_kind(run_dir) is not None:   # a run of the suite's: its files a contribution to the folder
         transaction.into(run_dir, "run", "--run-dir", contribution=True)
     # (else a run folder the suite did not mark, a model and config copied in: each output a loose file there)
     transaction.check([run_dir.absolute() / name for name in evaluator.all_outputs])   # before the network loads

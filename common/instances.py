@@ -27,7 +27,7 @@ import pathlib
 from common.config import instance_configs
 from common.console import logs
 from common.errors import EXIT_NONFINITE, EXIT_PREEMPTED, UserInputError
-from common.storage import outputs
+from common.storage import outputs, run_dirs
 from common.storage.transaction import OutputTransaction, Producer
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,9 @@ class JobFolder:
         """The claim's checks that only read: every rank makes them before TensorFlow and Horovod load
         (``common.cli``); the claim makes them again, and its verdict is the one that counts."""
         outputs.check_writable_folder(self.output_dir, "--output-dir")
-        outputs.check_run_dir(self.output_dir, self.resume, self.force)
-        outputs.check_run_kind(self.output_dir, "instances", self.resume, self.instances)
-        outputs.check_run_files(self.output_dir, [INSTANCES_JSON], self.force)
+        run_dirs.check_run_dir(self.output_dir, self.resume, self.force)
+        run_dirs.check_run_kind(self.output_dir, "instances", self.resume, self.instances)
+        run_dirs.check_run_files(self.output_dir, [INSTANCES_JSON], self.force)
 
     def claim(self) -> str | None:
         """None, or the one-line reason the folder is refused (nothing written then)."""
@@ -80,7 +80,7 @@ class JobFolder:
 
     def commit(self) -> None:
         """Mark the folder as a job's, listing what the job writes (every instance has passed its checks)."""
-        outputs.mark_run_dir(self.output_dir, self.app.name,
+        run_dirs.mark_run_dir(self.output_dir, self.app.name,
                              files=[INSTANCES_JSON, *[f"instance-{k}/" for k in range(self.instances)]],
                              kind="instances", instances=self.instances, producer=self.producer.record())
         self.committed = True

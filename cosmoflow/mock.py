@@ -17,7 +17,7 @@ sample (MLPerf layout: ``x`` int16 bytes, ``y`` float32[4]), or HDF5 files with
 ``full`` (counts, channels last) and ``unitPar``.  ``DIR`` must be absent or
 empty (or a symbolic link to an empty folder, which is filled); it appears only
 when complete (written to a new folder beside it and renamed,
-:func:`common.storage.transaction.generated_folder`), and whatever would stop that
+:func:`common.storage.generated.generated_folder`), and whatever would stop that
 (a link to nothing, a path under a file, a folder that cannot be written
 beside) is a one-line error before any sample is computed.
 """
@@ -37,7 +37,7 @@ import numpy as np
 from common.cli import exit_process, non_negative_int_argument, positive_int_argument, run_command
 from common.config import load_config
 from common.storage.outputs import mark_hdf5
-from common.storage.transaction import generated_folder
+from common.storage.generated import generated_folder
 from common.console.progress import Progress
 from common.deferred import tensorflow as tf   # imported at first use: only the TFRecord layout needs it
 from common.errors import ConfigError, UserInputError

@@ -38,7 +38,7 @@ from common.cli import exit_process, non_negative_int_argument, positive_int_arg
 from common.config import load_config
 from common.console.progress import Progress
 from common.storage.outputs import mark_hdf5
-from common.storage.transaction import generated_folder
+from common.storage.generated import generated_folder
 from hep_cnn.config import HepConfig
 
 CUT_JET_PT = 80.0
@@ -164,7 +164,7 @@ def generate_dataset(out_dir, n_train: int, n_validation: int, n_test: int, imag
                      signal_fraction: float = 0.5, events_per_file: int = 1000, seed: int = 2017,
                      layout: str = "all_events", progress: bool = True) -> pathlib.Path:
     """Write train/val/test files into an absent or empty ``out_dir`` (or the empty folder it links to); it
-    appears only when complete (:func:`common.storage.transaction.generated_folder`)."""
+    appears only when complete (:func:`common.storage.generated.generated_folder`)."""
     out_dir = pathlib.Path(out_dir)
     writer = write_all_events if layout == "all_events" else write_benchmark
     total = n_train + n_validation + n_test

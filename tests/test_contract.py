@@ -39,7 +39,7 @@ import pytest
 from common import registry
 from common.cli import NUMBER_TYPES, run_command
 from common.commands import every_command, main_of
-from common.storage import outputs, transaction
+from common.storage import outputs, run_dirs, transaction
 from conftest import REPO, python_env, run_python, tiny_cosmo_overrides, tree_contents
 
 COMMANDS = {command.module: command for command in every_command()}
@@ -637,14 +637,14 @@ def test_every_command_holds_the_output_contract(key, env, tmp_path, capsys, hoo
         assert tree_contents(tmp_path) == before
         # another kind (predictions) and another application's run
         shutil.rmtree(out)
-        outputs.mark_run_dir(out, "x", kind="predictions", tool="cosmoflow.predict")
+        run_dirs.mark_run_dir(out, "x", kind="predictions", tool="cosmoflow.predict")
         before = tree_contents(tmp_path)
         code, said, err = invoke(key, recipe, capsys)
         one_line(code, 2, said, err, str(out), "predictions")
         assert tree_contents(tmp_path) == before
         shutil.rmtree(out)
         other = "hep_cnn" if not key.startswith("hep_cnn") else "cosmoflow"
-        outputs.mark_run_dir(out, other, producer=transaction.Producer(f"{other}.train", other).record())
+        run_dirs.mark_run_dir(out, other, producer=transaction.Producer(f"{other}.train", other).record())
         before = tree_contents(tmp_path)
         code, said, err = invoke(key, recipe, capsys, extra=["--force"])
         one_line(code, 2, said, err, str(out), f"a run of {other}")
@@ -665,7 +665,7 @@ def test_every_command_holds_the_output_contract(key, env, tmp_path, capsys, hoo
     # A folder of another kind or producer where the outputs go.
     if shape == "folder":
         shutil.rmtree(recipe.home)
-        outputs.mark_run_dir(recipe.home, "hep_cnn", producer=transaction.Producer("hep_cnn.train", "hep_cnn").record())
+        run_dirs.mark_run_dir(recipe.home, "hep_cnn", producer=transaction.Producer("hep_cnn.train", "hep_cnn").record())
         before = tree_contents(tmp_path)
         code, said, err = invoke(key, recipe, capsys)
         one_line(code, 2, said, err, str(recipe.home))

@@ -222,18 +222,18 @@ def test_a_yaml_file_the_suite_wrote_is_known_by_its_first_line(tmp_path):
 
 def test_a_folder_knows_the_kind_of_run_it_holds(tmp_path):
     from common.errors import UserInputError
-    from common.storage import outputs
+    from common.storage import run_dirs
 
     job, lone = tmp_path / "job", tmp_path / "lone"
-    outputs.mark_run_dir(job, "cosmoflow", ["instances.json", "instance-0/", "instance-1/"], kind="instances",
+    run_dirs.mark_run_dir(job, "cosmoflow", ["instances.json", "instance-0/", "instance-1/"], kind="instances",
                          instances=2)
-    outputs.mark_run_dir(job / "instance-1", "cosmoflow", ["config.yaml"], kind="instance")
-    outputs.mark_run_dir(lone, "cosmoflow", ["config.yaml"])
-    assert outputs.run_kind(job)[0] == "instances" and outputs.run_kind(lone)[0] == "run"
+    run_dirs.mark_run_dir(job / "instance-1", "cosmoflow", ["config.yaml"], kind="instance")
+    run_dirs.mark_run_dir(lone, "cosmoflow", ["config.yaml"])
+    assert run_dirs.run_kind(job)[0] == "instances" and run_dirs.run_kind(lone)[0] == "run"
     # An instance folder is one before its own run has marked it: the job's marker lists it.
-    assert outputs.run_kind(job / "instance-0")[0] == "instance" and outputs.run_kind(job / "instance-1")[0] == "instance"
-    outputs.check_run_kind(job, "instances", resume=True, instances=2)
-    outputs.check_run_kind(lone, "run", resume=True)
+    assert run_dirs.run_kind(job / "instance-0")[0] == "instance" and run_dirs.run_kind(job / "instance-1")[0] == "instance"
+    run_dirs.check_run_kind(job, "instances", resume=True, instances=2)
+    run_dirs.check_run_kind(lone, "run", resume=True)
     refusals = [
         (job, "run", True, None, "holds a job of 2 instances (distributed.instances); a training run would train beside "
                                  "its instance folders: resume the job with --set distributed.instances=2"),
@@ -247,20 +247,20 @@ def test_a_folder_knows_the_kind_of_run_it_holds(tmp_path):
     ]
     for folder, kind, resume, count, expected in refusals:
         with pytest.raises(UserInputError, match=None) as caught:
-            outputs.check_run_kind(folder, kind, resume, count)
+            run_dirs.check_run_kind(folder, kind, resume, count)
         assert expected in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
 
 
 def test_a_job_marker_from_before_kinds_were_recorded_is_still_a_job(tmp_path):
-    from common.storage import outputs
+    from common.storage import outputs, run_dirs
 
     job = tmp_path / "job"
     job.mkdir()
     (job / outputs.RUN_MARKER).write_text(json.dumps({
         outputs.WRITTEN_BY: outputs.provenance("cosmoflow.train"),
         "files": [".hpc-dl-suite-run.lock", "instance-0/", "instance-1/", "instance-2/", "instances.json"]}))
-    kind, record = outputs.run_kind(job)
-    assert kind == "instances" and outputs.recorded_instances(record) == 3
+    kind, record = run_dirs.run_kind(job)
+    assert kind == "instances" and run_dirs.recorded_instances(record) == 3
 
 
 # -- nothing left in /tmp ------------------------------------------------------------------------------------------
@@ -312,12 +312,12 @@ def test_a_killed_writes_temporary_file_is_removed_by_the_next_holder_of_the_loc
     import subprocess
     import sys
 
-    from common.storage import outputs
+    from common.storage import outputs, run_dirs
     from conftest import REPO, python_env
 
     folder = tmp_path / "out"
     folder.mkdir()
-    outputs.mark_run_dir(folder, "cosmoflow", files=["metrics.json", "curve.json"], kind="predictions", tool="test")
+    run_dirs.mark_run_dir(folder, "cosmoflow", files=["metrics.json", "curve.json"], kind="predictions", tool="test")
     outputs.write_json(folder / "metrics.json", {"whole": True}, "test")
     killed = run_python(["-c", KILLED_MID_WRITE, str(folder / "metrics.json"), "kill"], check=False)
     assert killed.returncode == -9, killed.stderr[-2000:]
@@ -333,7 +333,7 @@ def test_a_killed_writes_temporary_file_is_removed_by_the_next_holder_of_the_loc
     (folder / ".metrics.json.20261206.partial").write_text("mine")           # the user's, of a look-alike name
     (folder / f".metrics.json.{outputs.host_tag()}_1_zzzzzzzz.partial").mkdir()   # a folder
     (folder / f".metrics.json.{outputs.host_tag()}_1_yyyyyyyy.partial").symlink_to(tmp_path)   # a link
-    lock = outputs.RunDirLock(folder, "test").acquire()
+    lock = run_dirs.RunDirLock(folder, "test").acquire()
     before = {path.name for path in folder.iterdir()}
     try:
         assert outputs.remove_killed_writes(folder) == [left]
@@ -351,7 +351,7 @@ def test_a_killed_writes_temporary_file_is_removed_by_the_next_holder_of_the_loc
 # One generation, as a process of its own: fill the work folder halfway, say where it is, then wait to be killed.
 GENERATE = """
 import sys, time
-from common.storage.transaction import generated_folder
+from common.storage.generated import generated_folder
 with generated_folder(sys.argv[1], "test data") as work:
     (work / "half.txt").write_text("half")
     print(work, flush=True)
@@ -374,7 +374,7 @@ def start_generation(target: pathlib.Path):
 
 
 def generate(target: pathlib.Path) -> None:
-    from common.storage.transaction import generated_folder
+    from common.storage.generated import generated_folder
 
     with generated_folder(target, "test data") as work:
         (work / "whole.txt").write_text("whole")
@@ -428,7 +428,8 @@ def test_a_locked_folder_is_refused_before_the_start_up_as_the_lock_refuses_it(t
     """``refuse_if_locked`` (every train's check before TensorFlow loads) reads who holds a run folder's lock
     without taking it, and refuses with the words the lock itself would."""
     from common.errors import UserInputError
-    from common.storage.outputs import RUN_LOCK, RunDirLock, refuse_if_locked
+    from common.storage.outputs import RUN_LOCK
+    from common.storage.run_dirs import RunDirLock, refuse_if_locked
 
     refuse_if_locked(tmp_path / "absent")   # no folder, no lock file: nothing to say
     refuse_if_locked(tmp_path)
@@ -458,7 +459,8 @@ def test_a_lock_file_that_is_a_fifo_or_a_link_is_one_line(tmp_path):
     import os
 
     from common.errors import UserInputError
-    from common.storage.outputs import RUN_LOCK, RunDirLock
+    from common.storage.outputs import RUN_LOCK
+    from common.storage.run_dirs import RunDirLock
 
     fifo_run, link_run = tmp_path / "fifo", tmp_path / "link"
     fifo_run.mkdir()

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from common.errors import UserInputError
-from common.storage.outputs import mark_run_dir
+from common.storage.run_dirs import mark_run_dir
 from hep_cnn.synth import generate_dataset, write_all_events, write_benchmark
 from conftest import assert_predict_refuses, run_python
 
@@ -301,14 +301,14 @@ def test_a_folder_another_command_holds_is_refused_and_its_marker_left_as_it_was
     """The claim takes --out's lock before it marks the folder: a predict refused because another command holds
     the folder leaves the marker's list as it was, so a file the user then puts under a name that predict would
     have written stays the user's (refused, not replaced, by the next predict)."""
-    from common.storage import outputs
+    from common.storage import outputs, run_dirs
 
     run, source = trained["run"], sorted(trained["data"].glob("test_*.h5"))[0]
     out, second = tmp_path / "out", tmp_path / "second.h5"
     predict(run, [source], out, "--threshold", "0.5")
     shutil.copy(source, second)
     marker = (out / outputs.RUN_MARKER).read_bytes()
-    lock = outputs.RunDirLock(out, "test").acquire()
+    lock = run_dirs.RunDirLock(out, "test").acquire()
     try:
         held = predict(run, [second], out, "--threshold", "0.5", check=False)
     finally:

@@ -18,7 +18,7 @@ from climate_seg.cam5.config import CHANNELS, CLASS_NAMES, SynthSection
 from climate_seg.cam5.convert import convert
 from climate_seg.cam5.stats import compute_stats, write_stats
 from climate_seg.cam5.synth import generate_dataset
-from common.storage.outputs import mark_run_dir
+from common.storage.run_dirs import mark_run_dir
 from conftest import assert_predict_refuses, run_python
 
 GRID = (64, 96)

@@ -215,12 +215,12 @@ def test_a_checkpoint_without_rows_takes_them_from_history_csv(tmp_path):
     """Checkpoints written before they carried their epochs' rows: a resume takes the rows of the epochs they
     committed from history.csv, exactly, and drops the later ones."""
     from common.loop import records
-    from common.storage import outputs
+    from common.storage import run_dirs
 
     rows = [{"epoch": e, "logs": {"loss": 1.0 / (e + 3), "val_loss": 0.1 * e}, "time_unix": None,
              "optimizer_learning_rate": None} for e in range(3)]
     rows[1]["logs"]["ratio_to_peak"] = 0.25   # a metric not every epoch has: NA in the others
-    outputs.mark_run_dir(tmp_path, "cosmoflow", ["history.csv"])
+    run_dirs.mark_run_dir(tmp_path, "cosmoflow", ["history.csv"])
     records.write_history(tmp_path / "history.csv", rows)
     text = (tmp_path / "history.csv").read_text()
     assert text.splitlines()[0] == "epoch,loss,ratio_to_peak,val_loss" and ",NA," in text

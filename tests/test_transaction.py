@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from common.errors import NonFiniteOutput, Terminated, UserInputError
-from common.storage import outputs, transaction
+from common.storage import outputs, run_dirs, transaction
 from common.storage.transaction import OutputTransaction, Producer
 from conftest import tree_contents as tree_state
 
@@ -227,7 +227,7 @@ def test_a_commit_killed_half_way_is_rolled_back_by_the_next_claim(tmp_path):
 
 def test_a_contribution_to_a_run_folder_is_listed_under_its_command(tmp_path):
     run = tmp_path / "run"
-    outputs.mark_run_dir(run, "cosmoflow", files=["config.yaml", "model.keras"],
+    run_dirs.mark_run_dir(run, "cosmoflow", files=["config.yaml", "model.keras"],
                          producer=Producer("cosmoflow.train", "cosmoflow").record())
     (run / "config.yaml").write_text("{}")
     evaluate = OutputTransaction(Producer("cosmoflow.evaluate", "cosmoflow", run=str(run)))
@@ -262,7 +262,7 @@ def test_a_path_through_a_folder_not_yet_made_is_taken_as_it_will_be(tmp_path):
 
 def test_another_commands_file_in_a_run_folder_is_never_replaced_even_when_gone_or_forced(tmp_path):
     run = tmp_path / "run"
-    outputs.mark_run_dir(run, "cosmoflow", files=["config.yaml"], producer=Producer("cosmoflow.train", "cosmoflow").record())
+    run_dirs.mark_run_dir(run, "cosmoflow", files=["config.yaml"], producer=Producer("cosmoflow.train", "cosmoflow").record())
     evaluate = OutputTransaction(Producer("cosmoflow.evaluate", "cosmoflow", run=str(run)))
     evaluate.into(run, "run", "--run-dir", contribution=True)
     evaluate.check(["metrics.json"])

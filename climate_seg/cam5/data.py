@@ -18,7 +18,7 @@ from common.storage.data import list_files, screen_files
 from common.storage.derived import derived_file, writable_derived
 from common.distributed import Distributed
 from common.errors import ConfigError
-from common.storage.transaction import generated_folder
+from common.storage.generated import generated_folder
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from common.cli import exit_process, non_negative_int_argument, positive_int_arg
 from common.config import validate
 from common.console.progress import Progress
 from common.storage.outputs import atomic_path, mark_hdf5
-from common.storage.transaction import generated_folder
+from common.storage.generated import generated_folder
 
 UNITS = {"TMQ": "kg/m2", "U850": "m/s", "V850": "m/s", "UBOT": "m/s", "VBOT": "m/s", "QREFHT": "kg/kg",
          "PS": "Pa", "PSL": "Pa", "T200": "K", "T500": "K", "PRECT": "m/s", "TS": "K", "TREFHT": "K",
@@ -262,7 +262,7 @@ def write_netcdf(path: pathlib.Path, lat: np.ndarray, lon: np.ndarray, times_h: 
 
 def generate_dataset(out_dir, synth: SynthSection, progress: bool = True) -> dict[str, list[pathlib.Path]]:
     """Write the train/validation/test netCDF files into an absent or empty ``out_dir`` (or the empty folder it
-    links to: :func:`common.storage.transaction.generated_folder`); returns them by split."""
+    links to: :func:`common.storage.generated.generated_folder`); returns them by split."""
     out_dir = pathlib.Path(out_dir)
     lat, lon = grid_coordinates(*synth.grid)
     counts = {"train": synth.n_train, "validation": synth.n_validation, "test": synth.n_test}

@@ -22,7 +22,7 @@ from common.config import AppConfig, save_config
 from common.errors import UserInputError
 from common.deferred import DeferredModule
 from common.loop import attempts
-from common.storage import checkpoint, outputs
+from common.storage import checkpoint, outputs, run_dirs
 from common.storage.transaction import OutputTransaction, Producer
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class Claim:
     earlier_run: bool
     names: list[str]
     mlperf_path: pathlib.Path | None
-    kind: str = "run"   # outputs.RUN_KINDS: a lone run, or one instance of a job
+    kind: str = "run"   # run_dirs.RUN_KINDS: a lone run, or one instance of a job
 
 
 def run_file_names(app, cfg: AppConfig, output_dir: pathlib.Path) -> tuple[list[str], pathlib.Path | None]:
@@ -94,8 +94,8 @@ class RunFolder:
         the one that counts."""
         path, resume, force = self.path, self.resume, self.force
         outputs.check_writable_folder(path, "--output-dir")
-        outputs.check_run_dir(path, resume, force)
-        outputs.check_run_kind(path, kind, resume)
+        run_dirs.check_run_dir(path, resume, force)
+        run_dirs.check_run_kind(path, kind, resume)
         latest = checkpoint.latest_checkpoint(self.checkpoints)
         if latest is not None and not resume and not force:
             raise UserInputError(f"{path}: holds checkpoints of an earlier run ({latest.name}); pass --resume to "
@@ -105,7 +105,7 @@ class RunFolder:
                                  f"({latest.name}); not {'resumed' if resume else 'removed'}: choose another "
                                  "--output-dir")
         names, mlperf_path = run_file_names(self.app, self.cfg, path)
-        outputs.check_run_files(path, names, force)
+        run_dirs.check_run_files(path, names, force)
         if mlperf_path is not None and mlperf_path.name not in names:
             self._check_external_log(mlperf_path)
         return latest
@@ -148,9 +148,9 @@ class RunFolder:
         if not dist.is_root:
             return
         claim, path = self._claim, self.path
-        outputs.mark_run_dir(path, self.app.name, claim.names, kind=claim.kind, producer=self.producer.record())
+        run_dirs.mark_run_dir(path, self.app.name, claim.names, kind=claim.kind, producer=self.producer.record())
         if claim.mlperf_path is not None and claim.mlperf_path.name not in claim.names:
-            outputs.record_external(path, claim.mlperf_path)
+            run_dirs.record_external(path, claim.mlperf_path)
         if claim.earlier_run:   # --force over a run of this suite: its checkpoints and log would mix with this run's
             for old in checkpoint.list_checkpoints(self.checkpoints):
                 old.unlink()

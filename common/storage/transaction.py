@@ -14,7 +14,7 @@ Every command of the suite that writes files goes through an :class:`OutputTrans
 
 What holds, for every command that writes this way:
 
-- **Claimed before any work.**  A folder of the suite's (``into``) has a kind (:data:`common.storage.outputs.
+- **Claimed before any work.**  A folder of the suite's (``into``) has a kind (:data:`common.storage.run_dirs.
   RUN_KINDS`: a training run, predictions, a bench's profile, ...) and a producer (:class:`Producer`: the
   command, its application, the run and model it applied).  A folder of another kind, application or producer
   is refused before any work, ``--force`` or not; a rerun of the same producer replaces what it wrote before,
@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
-import errno
 import fcntl
 import json
 import logging
@@ -62,8 +61,8 @@ import numpy as np
 import yaml
 
 from common.deferred import h5py
-from common.errors import DataError, NonFiniteOutput, Terminated, UserInputError
-from common.storage import outputs
+from common.errors import NonFiniteOutput, Terminated, UserInputError
+from common.storage import outputs, run_dirs
 from common.storage.scratch import remove_if_abandoned
 
 log = logging.getLogger(__name__)
@@ -265,7 +264,7 @@ class _Claim:
     option: str
     contribution: bool = False
     incremental: bool = False   # a training's run folder: its files are committed as the run goes (each epoch)
-    lock: outputs.RunDirLock | None = None
+    lock: run_dirs.RunDirLock | None = None
     created: list[pathlib.Path] = dataclasses.field(default_factory=list)   # lock file, then parents (innermost first)
     staging: pathlib.Path | None = None
     staging_fd: int | None = None
@@ -349,7 +348,7 @@ class OutputTransaction:
         if paths and self.owned is not None:
             self._check_unlisted(self.owned, {path.name for path in paths if self._claim_of(path) is self.owned})
         for path in paths:
-            if self._claim_of(path) is None and (found := outputs.run_kind(path.parent)) is not None:
+            if self._claim_of(path) is None and (found := run_dirs.run_kind(path.parent)) is not None:
                 claim = _Claim(path.parent, found[0], "the folder", contribution=True)
                 self.claims[self._key(path.parent)] = claim
                 self._check_folder(claim, held)
@@ -364,16 +363,16 @@ class OutputTransaction:
             raise UserInputError(f"{folder}: {option} is a file, not a folder")
         outputs.check_writable_folder(folder, option)
         if not held:
-            outputs.refuse_if_locked(folder, option=None if claim.contribution else option)
+            run_dirs.refuse_if_locked(folder, option=None if claim.contribution else option)
         if not claim.contribution and claim.kind != "instance":
             for above in folder.parents:
                 if (above / outputs.RUN_MARKER).is_file():
-                    found_above = outputs.run_kind(above)
-                    what = outputs.RUN_KINDS.get(found_above[0], "the suite's outputs") if found_above else \
+                    found_above = run_dirs.run_kind(above)
+                    what = run_dirs.RUN_KINDS.get(found_above[0], "the suite's outputs") if found_above else \
                         "the suite's outputs"
                     raise UserInputError(f"{folder}: {option} inside {above}, which holds {what}; name a folder "
                                          "outside it")
-        found = outputs.run_kind(folder)
+        found = run_dirs.run_kind(folder)
         if claim.contribution:
             self._check_contribution(claim, found)
             return
@@ -391,16 +390,16 @@ class OutputTransaction:
                                          f"({outputs.folder_summary(folder)}); {option} names a new or empty "
                                          "folder, or one this command wrote")
             return
-        outputs.check_run_kind(folder, claim.kind, resume=False)
+        run_dirs.check_run_kind(folder, claim.kind, resume=False)
         marker = found[1]
         recorded = Producer.of_record(marker.get("producer"), marker)
         if recorded is not None and recorded.differs(self.producer, ("command", "application")):
-            raise UserInputError(f"{folder}: holds {outputs.RUN_KINDS.get(claim.kind, claim.kind)} written by "
+            raise UserInputError(f"{folder}: holds {run_dirs.RUN_KINDS.get(claim.kind, claim.kind)} written by "
                                  f"{recorded.command}; {self.producer.command} does not write into another "
                                  f"command's folder: choose another {option}")
         if recorded is not None and (changed := recorded.differs(self.producer)):
             theirs, mine = getattr(recorded, changed[0]), getattr(self.producer, changed[0])
-            what = outputs.RUN_KINDS.get(claim.kind, claim.kind).split(" (")[0]
+            what = run_dirs.RUN_KINDS.get(claim.kind, claim.kind).split(" (")[0]
             raise UserInputError(f"{folder}: holds {what} of another {changed[0].replace('_', ' ')} ({theirs}; "
                                  f"this command's is {mine}); a command replaces only its own outputs: choose "
                                  f"another {option}")
@@ -427,7 +426,7 @@ class OutputTransaction:
         kind, marker = found
         owner = Producer.of_record(marker.get("producer"), marker)
         if kind not in ("run", "instance") and owner is not None and owner.command != self.producer.command:
-            raise UserInputError(f"{folder}: holds {outputs.RUN_KINDS.get(kind, kind)}; "
+            raise UserInputError(f"{folder}: holds {run_dirs.RUN_KINDS.get(kind, kind)}; "
                                  f"{self.producer.command} does not write into it: choose another path")
         if owner is not None and self.producer.application and owner.differs(self.producer, ("application",)):
             raise UserInputError(f"{folder}: a run of {owner.application}; {self.producer.command} writes only "
@@ -532,8 +531,8 @@ class OutputTransaction:
             raise UserInputError(f"{folder}: {claim.option} cannot be created ({exc.strerror})") from None
         claim.created = ([] if (folder / outputs.RUN_LOCK).exists() else [folder / outputs.RUN_LOCK]) + missing
         try:
-            claim.lock = outputs.RunDirLock(folder, self.holder,
-                                            option=None if claim.contribution else claim.option).acquire()
+            claim.lock = run_dirs.RunDirLock(folder, self.holder,
+                                             option=None if claim.contribution else claim.option).acquire()
         except BaseException:   # not ours to lock (in use, a lock file that is no file): the folders it made go
             for made in missing:
                 try:
@@ -1058,125 +1057,6 @@ def _roll_back_journal(folder: pathlib.Path, staging: pathlib.Path) -> None:
         path.unlink(missing_ok=True)
     elif not path.is_file() or path.read_bytes() != marker.encode():
         _replace_bytes(path, marker.encode(), journal.get("marker_times"))
-
-
-# -- a generated folder: the whole folder, renamed into place -----------------------------------------------------
-
-@contextlib.contextmanager
-def generated_folder(target, expected: str):
-    """Yield a new folder to fill; when the block completes it becomes ``target``.
-
-    ``target`` must be absent or empty (:func:`require_fillable`).  The work
-    folder is created here, beside ``target``, and removed here if the block
-    fails (SIGTERM included, where nothing else handles it).  It holds a lock
-    file, flocked for the generation's life, so that the work folder of a
-    process killed outright (SIGKILL, a lost node) is removed by the next
-    generation of the same ``target`` (:func:`sweep_work_folders`), while a
-    running generation's is never touched: the only folders this ever removes.
-    A ``target`` that is a symbolic
-    link to an empty folder is written through: the work folder is made beside
-    the folder it points to and renamed onto it, and the link is left as it is.
-    Whatever would stop the final rename that can be known before the work (a
-    folder that cannot be created or written beside, a mount point, which no
-    rename can replace) is refused here, before any work, with one line.
-    """
-    target = pathlib.Path(target)
-    if target.resolve() in _working_in:   # a generation inside this process's own (a dataset and its statistics)
-        yield target
-        return
-    outputs.require_fillable(target, expected)
-    destination = pathlib.Path(os.path.realpath(target)) if target.is_symlink() else target
-    through = f" (the folder {target} links to)" if destination != target else ""
-    if os.path.ismount(destination):
-        raise DataError(f"{destination}{through}: a mount point; the generated {expected} is renamed into place "
-                        "when complete, which a mount point cannot take: name a new folder inside it; "
-                        "nothing was written")
-    existing = destination.parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise DataError(f"{destination}{through}: cannot be created: {existing} is a file, not a folder; "
-                        "nothing was written")
-    try:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        sweep_work_folders(destination)
-        work, lock_fd = _claim_work_folder(destination)
-    except OSError as exc:
-        raise DataError(f"{destination}{through}: cannot create a work folder in {destination.parent} "
-                        f"({exc.strerror}), where the generated data is written before it is renamed into place; "
-                        "nothing was written") from None
-    outputs.honour_umask(work, directory=True)
-    _working_in.add(work.resolve())
-    try:
-        with terminate_as_interrupt():
-            yield work
-            _fault("staged", destination.name)
-        try:
-            if lock_fd is not None:   # held until the rename: a folder without its lock file is never swept
-                os.unlink(work / WORK_LOCK)
-            os.rename(work, destination)   # onto an absent or empty folder only; atomic
-        except OSError as exc:
-            outputs.require_fillable(destination, expected)   # something appeared there meanwhile: say what
-            raise DataError(f"{destination}{through}: the generated {expected} could not be renamed into place "
-                            f"({exc.strerror}); nothing was written") from None
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    finally:
-        _working_in.discard(work.resolve())
-        if lock_fd is not None:
-            os.close(lock_fd)
-
-
-# The lock file of a work folder of :func:`generated_folder`: flocked by the generating process for its life.
-WORK_LOCK = ".hpc-dl-suite-work.lock"
-# The work folders this process is filling: a generation asked to fill one of them (a generator called inside
-# another's block) fills it in place, the outer generation's rename making the whole appear at once.
-_working_in: set[pathlib.Path] = set()
-
-
-def _work_folder_pattern(destination: pathlib.Path) -> re.Pattern:
-    """The names of ``destination``'s work folders (``.<name>.<mkdtemp's random part>.partial``) and no others."""
-    return re.compile(re.escape(f".{destination.name}.") + r"[A-Za-z0-9_]+\.partial")
-
-
-def _claim_work_folder(destination: pathlib.Path) -> tuple[pathlib.Path, int | None]:
-    """A new work folder beside ``destination`` and the descriptor of its flocked lock file (None on a file
-    system without locks: then it has no lock file, and no sweep ever takes it)."""
-    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".partial", dir=destination.parent))
-    try:
-        # Locked before it gets its name: a process sweeping at the same instant never sees it free.
-        fd = os.open(work / f"{WORK_LOCK}.new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            os.unlink(work / f"{WORK_LOCK}.new")
-            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-            return work, None
-        os.rename(work / f"{WORK_LOCK}.new", work / WORK_LOCK)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return work, fd
-
-
-def sweep_work_folders(destination) -> list[pathlib.Path]:
-    """Remove the work folders of earlier generations of ``destination`` that ended without removing theirs (a
-    SIGKILL, a lost node): folders beside it named as :func:`generated_folder` names them, holding its lock
-    file, whose lock no process holds.  A generation still running holds its lock: its folder is left alone."""
-    destination = pathlib.Path(destination)
-    pattern = _work_folder_pattern(destination)
-    try:
-        candidates = [entry for entry in destination.parent.iterdir() if pattern.fullmatch(entry.name)]
-    except OSError:
-        return []
-    removed = [folder for folder in candidates if remove_if_abandoned(folder, WORK_LOCK)]   # a running one holds it
-    if removed:
-        log.warning(f"{destination.parent}: removed {len(removed)} work folder(s) of an earlier generation of "
-                    f"{destination.name} that ended before it finished ({', '.join(f.name for f in removed)})")
-    return removed
 
 
 # -- one loose file ----------------------------------------------------------------------------------------------

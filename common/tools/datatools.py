@@ -63,8 +63,9 @@ from common.cli import exit_process, non_negative_int_argument, positive_int_arg
 from common.commands import declared, main_of
 from common.errors import EXIT_BAD_INPUT, UserInputError
 from common.storage.tfrecord import masked_crc32c   # google-crc32c only, no TensorFlow
-from common.storage.outputs import folder_summary, is_empty_folder, require_fillable
-from common.storage.transaction import file_transaction, generated_folder, written_file
+from common.storage.generated import generated_folder, is_empty_folder, require_fillable
+from common.storage.outputs import folder_summary
+from common.storage.transaction import file_transaction, written_file
 from common.storage.sample_files import DatasetFiles, bad_entries_message, entry_problem  # noqa: F401  (DatasetFiles: part of this module's interface)
 
 CHUNK_BYTES = 4 << 20
