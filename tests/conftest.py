@@ -227,6 +227,22 @@ def run_python(args, timeout=600, cwd=None, ranks: int = 1, check=True, env: dic
     return result
 
 
+def run_here(args, capsys) -> subprocess.CompletedProcess:
+    """``python -m <module> args...`` (``args`` as :func:`run_python` takes them) run in this process as its
+    ``__main__`` runs it (``common.cli.run_command`` with the declared command's main): for a command that must
+    refuse before any work, where the process boundary is not what is tested, without a TensorFlow import of its
+    own.  What it wrote to stdout and stderr comes back as :func:`run_python` returns it."""
+    from common.cli import run_command
+    from common.commands import declared, main_of
+
+    assert args[0] == "-m", args
+    module, argv = args[1], [str(a) for a in args[2:]]
+    capsys.readouterr()
+    code = run_command(main_of(declared(module)), argv, name=module)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess([module, *argv], code, captured.out, captured.err)
+
+
 def tree_state(*folders) -> dict:
     """Every path under ``folders`` (and the folders) with its size, mtime and bytes: what a refused command must
     leave as it was."""

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from common.storage import checkpoint
 from common.errors import DataError, NonFiniteLoss
-from conftest import REPO, STARTUP_S, python_env, run_python, tiny_cosmo_overrides
+from conftest import REPO, STARTUP_S, python_env, run_here, run_python, tiny_cosmo_overrides
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
 SHAPE = (16, 16, 16, 4)
@@ -85,22 +85,23 @@ def float_list_dataset(root, nan_in=None):
 
 # -- silent corruption: never exit 0 with a NaN model ------------------------------------------------
 
-def test_nan_voxels_are_named_by_the_reader_fresh_resumed_and_by_check_data(tmp_path):
+def test_nan_voxels_are_named_by_the_reader_fresh_resumed_and_by_check_data(tmp_path, capsys):
     bad = float_list_dataset(tmp_path / "bad", nan_in=5)
     victim = bad / "train" / "univ_005.tfrecord"
-    fresh = one_error(run_python(train_args(bad, tmp_path / "fresh", "--set", "data.batch_size=2"), check=False))
+    # (each run in this process: what is tested is the reader's and the checkpoint's, not a process boundary)
+    fresh = one_error(run_here(train_args(bad, tmp_path / "fresh", "--set", "data.batch_size=2"), capsys))
     assert fresh == f"error: {victim}: 'x' holds NaN or Inf"
     assert not (tmp_path / "fresh" / "model.keras").exists()
-    checked = run_python(["-m", "common.tools.check_data", "--config", DEMO, "--set", f"data.data_dir={bad}",
-                          "--set", "data.sample_shape=[16, 16, 16, 4]"], check=False)
+    checked = run_here(["-m", "common.tools.check_data", "--config", DEMO, "--set", f"data.data_dir={bad}",
+                        "--set", "data.sample_shape=[16, 16, 16, 4]"], capsys)
     assert checked.returncode == 2 and f"problem: {victim}: record 0: 'x' holds NaN or Inf" in checked.stdout
     # A good run resumed onto the same data: stopped by the reader, the checkpoint untouched, no model.
     good = float_list_dataset(tmp_path / "good")
     run_dir = tmp_path / "run"
-    run_python(train_args(good, run_dir, "--set", "data.batch_size=2"))
+    assert run_here(train_args(good, run_dir, "--set", "data.batch_size=2"), capsys).returncode == 0
     (run_dir / "model.keras").unlink()
     kept = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
-    resumed = run_python(train_args(bad, run_dir, "--resume", "--set", "data.batch_size=2", epochs=2), check=False)
+    resumed = run_here(train_args(bad, run_dir, "--resume", "--set", "data.batch_size=2", epochs=2), capsys)
     assert one_error(resumed) == f"error: {victim}: 'x' holds NaN or Inf"
     assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == kept
     assert not (run_dir / "model.keras").exists()
@@ -149,33 +150,32 @@ def test_nonfinite_gradients_stop_the_step_guard_even_with_a_finite_loss():
 
 # -- resume: compatibility decided before anything is written -----------------------------------------
 
-def test_a_changed_batch_or_model_is_refused_before_anything_is_written(tiny_cosmo_data, tmp_path):
+def test_a_changed_batch_or_model_is_refused_before_anything_is_written(tiny_cosmo_data, tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_python(train_args(tiny_cosmo_data, run_dir))
     before = snapshot(run_dir)
-    batch = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", epochs=2, batch_size=2),
-                                 check=False))
+    batch = one_error(run_here(train_args(tiny_cosmo_data, run_dir, "--resume", epochs=2, batch_size=2), capsys))
     assert "ckpt-epoch-00001.npz: written with global_batch_size 4, this run has 2" in batch
-    model = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "model.base_filters=8",
-                                            epochs=2), check=False))
+    model = one_error(run_here(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "model.base_filters=8",
+                                          epochs=2), capsys))
     assert "ckpt-epoch-00001.npz: written with model.base_filters 4, this run has 8" in model
     assert "not resumed" in model
     # a change that leaves every weight's shape as it was is refused too, by its name (it was resumed silently)
-    same_shapes = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "model.l2=0.001",
-                                                  epochs=2), check=False))
+    same_shapes = one_error(run_here(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "model.l2=0.001",
+                                                epochs=2), capsys))
     assert "ckpt-epoch-00001.npz: written with model.l2 0.0, this run has 0.001" in same_shapes
     # data keys that decide what the weights mean: the input transform, the box the summaries' k bins are in
-    transform = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "data.apply_log=false",
-                                                epochs=2), check=False))
+    transform = one_error(run_here(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "data.apply_log=false",
+                                              epochs=2), capsys))
     assert "ckpt-epoch-00001.npz: written with data.apply_log True, this run has False" in transform
-    box = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set",
-                                          "data.mock.box_size_mpc_h=512", epochs=2), check=False))
+    box = one_error(run_here(train_args(tiny_cosmo_data, run_dir, "--resume", "--set",
+                                        "data.mock.box_size_mpc_h=512", epochs=2), capsys))
     assert "written with data.mock.box_size_mpc_h" in box and "this run has 512.0" in box
-    order = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set",
-                                            "data.file_target_names=[sigma_8, Omega_m, n_s, H0]", epochs=2), check=False))
+    order = one_error(run_here(train_args(tiny_cosmo_data, run_dir, "--resume", "--set",
+                                          "data.file_target_names=[sigma_8, Omega_m, n_s, H0]", epochs=2), capsys))
     assert "written with data.file_target_names None, this run has ['sigma_8', 'Omega_m', 'n_s', 'H0']" in order
-    optimizer = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "optimizer.name=adam",
-                                                epochs=2), check=False))
+    optimizer = one_error(run_here(train_args(tiny_cosmo_data, run_dir, "--resume", "--set", "optimizer.name=adam",
+                                              epochs=2), capsys))
     assert "ckpt-epoch-00001.npz" in optimizer
     assert snapshot(run_dir) == before   # config.yaml, the marker, history: as they were
 
@@ -204,50 +204,41 @@ def test_a_resume_on_another_number_of_ranks_keeps_the_global_batch(tiny_cosmo_d
 
 # -- one run per folder; checkpoints that are killed or damaged ----------------------------------------
 
-def test_a_second_training_on_the_same_folder_is_refused(tiny_cosmo_data, tmp_path):
-    run_dir = tmp_path / "run"
-    args = [sys.executable, *train_args(tiny_cosmo_data, run_dir, epochs=500, batch_size=1)]
-    first = subprocess.Popen(args, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-    deadline = time.time() + STARTUP_S
-    while not (run_dir / "checkpoints" / "ckpt-epoch-00001.npz").exists():
-        assert first.poll() is None and time.time() < deadline, first.communicate()
-        time.sleep(0.05)
-    second = run_python(train_args(tiny_cosmo_data, run_dir, "--resume", epochs=500, batch_size=1), check=False)
-    forced = run_python(train_args(tiny_cosmo_data, run_dir, "--force", epochs=500, batch_size=1), check=False)
-    evaluated = run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(run_dir)], check=False)
-    assert first.poll() is None, "the first run ended before the second was tried"
-    first.send_signal(signal.SIGTERM)
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 75, err[-3000:]
-    for refused in (second, forced, evaluated):   # evaluate: in use, not "model.keras not found"
-        assert f"{run_dir}: in use by cosmoflow.train (pid {first.pid}" in one_error(refused)
-    latest = checkpoint.read_state(checkpoint.latest_checkpoint(run_dir / "checkpoints"))
-    header, *rows = (run_dir / "history.csv").read_text().splitlines()
-    assert [row.split(",")[0] for row in rows] == [str(e) for e in range(latest["epoch"])]   # one run's history
-
-
-def test_ctrl_c_ends_a_training_with_one_line_and_the_shells_code(tiny_cosmo_data, tmp_path):
+def test_a_second_training_on_the_same_folder_is_refused_and_ctrl_c_ends_the_first_in_one_line(
+        tiny_cosmo_data, tmp_path, capsys):
+    """While a training runs, a second one (resumed or forced) and an evaluation of its folder are refused by its
+    claim; Ctrl-C then ends it with one line and the shell's code.  (Its SIGTERM, exit 75, is
+    tests/test_reliability.py's mid-epoch checkpoint.)"""
     run_dir = tmp_path / "run"
     args = [sys.executable, *train_args(tiny_cosmo_data, run_dir, epochs=500, batch_size=1)]
     # SIGINT at its default in the child, as in a terminal: a job started in the background by a
     # non-interactive shell (CI's) inherits it ignored, and Python then never raises KeyboardInterrupt
-    run = subprocess.Popen(args, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    first = subprocess.Popen(args, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + STARTUP_S
     while not (run_dir / "checkpoints" / "ckpt-epoch-00001.npz").exists():
-        assert run.poll() is None and time.time() < deadline, run.communicate()
+        assert first.poll() is None and time.time() < deadline, first.communicate()
         time.sleep(0.05)
-    run.send_signal(signal.SIGINT)
-    out, err = run.communicate(timeout=300)
-    assert run.returncode == 130, err[-3000:]
+    # (refused in this process: what is tested is the other process's claim, not this one's boundary)
+    second = run_here(train_args(tiny_cosmo_data, run_dir, "--resume", epochs=500, batch_size=1), capsys)
+    forced = run_here(train_args(tiny_cosmo_data, run_dir, "--force", epochs=500, batch_size=1), capsys)
+    evaluated = run_here(["-m", "cosmoflow.evaluate", "--run-dir", str(run_dir)], capsys)
+    assert first.poll() is None, "the first run ended before the second was tried"
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=300)
+    for refused in (second, forced, evaluated):   # evaluate: in use, not "model.keras not found"
+        assert f"{run_dir}: in use by cosmoflow.train (pid {first.pid}" in one_error(refused)
+    assert first.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     said = [line for line in err.splitlines() if line.startswith("interrupted")]
     assert said == [f"interrupted (Ctrl-C); {run_dir}: a rerun with --resume continues from the newest checkpoint "
                     "there, if the run had written one (exit 130)"]
     attempts = json.loads((run_dir / "attempts.json").read_text())
     assert attempts["attempts"][-1]["status"] == "interrupted", attempts
-    assert checkpoint.latest_checkpoint(run_dir / "checkpoints") is not None   # what the line says is there
+    latest = checkpoint.latest_checkpoint(run_dir / "checkpoints")
+    assert latest is not None   # what the line says is there
+    header, *rows = (run_dir / "history.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows] == [str(e) for e in range(checkpoint.read_state(latest)["epoch"])]
 
 
 @pytest.mark.parametrize("absorb, code", [(False, -signal.SIGUSR1), (True, 0)])
@@ -300,7 +291,7 @@ def flip_middle(path):
     path.write_bytes(bytes(payload))
 
 
-def test_a_killed_save_and_a_corrupt_newest_checkpoint(tiny_cosmo_data, tmp_path):
+def test_a_killed_save_and_a_corrupt_newest_checkpoint(tiny_cosmo_data, tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_python(train_args(tiny_cosmo_data, run_dir, epochs=2))
     checkpoints = run_dir / "checkpoints"
@@ -314,7 +305,7 @@ def test_a_killed_save_and_a_corrupt_newest_checkpoint(tiny_cosmo_data, tmp_path
     assert json.loads((run_dir / "summary.json").read_text())["epochs_completed"] == 3
     for path in checkpoint.list_checkpoints(checkpoints):
         flip_middle(path)
-    message = one_error(run_python(train_args(tiny_cosmo_data, run_dir, "--resume", epochs=4), check=False))
+    message = one_error(run_here(train_args(tiny_cosmo_data, run_dir, "--resume", epochs=4), capsys))
     assert f"{checkpoints}: no readable checkpoint (ckpt-epoch-00003.npz, ckpt-epoch-00002.npz are corrupt)" in message
 
 
@@ -327,7 +318,7 @@ def finished_run(tiny_cosmo_data, tmp_path_factory):
     return run_dir
 
 
-def test_evaluate_keeps_a_users_files_unless_forced(finished_run, tmp_path):
+def test_evaluate_keeps_a_users_files_unless_forced(finished_run, tmp_path, capsys):
     folder = tmp_path / "mine"
     folder.mkdir()
     for name in ("config.yaml", "model.keras"):
@@ -335,7 +326,7 @@ def test_evaluate_keeps_a_users_files_unless_forced(finished_run, tmp_path):
     (folder / "metrics.json").write_text('{"my": "results"}\n')
     (folder / "predictions.npz").write_bytes(b"my predictions")
     before = snapshot(folder)
-    message = one_error(run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(folder)], check=False))
+    message = one_error(run_here(["-m", "cosmoflow.evaluate", "--run-dir", str(folder)], capsys))
     assert message == f"error: {folder / 'metrics.json'}: exists and was not written by this suite; not replaced " \
                       "(pass --force to replace it)"
     assert snapshot(folder) == before
@@ -345,7 +336,7 @@ def test_evaluate_keeps_a_users_files_unless_forced(finished_run, tmp_path):
     run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(folder)])
 
 
-def test_force_does_not_make_a_users_folder_the_suites(tiny_cosmo_data, tmp_path):
+def test_force_does_not_make_a_users_folder_the_suites(tiny_cosmo_data, tmp_path, capsys):
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "metrics.json").write_text('{"my": "results"}\n')
@@ -354,18 +345,18 @@ def test_force_does_not_make_a_users_folder_the_suites(tiny_cosmo_data, tmp_path
     marker = json.loads((folder / ".hpc-dl-suite-run").read_text())
     assert "metrics.json" not in marker["files"] and "notes.txt" not in marker["files"]
     assert {"config.yaml", "model.keras", "checkpoints/", "summary.json"} <= set(marker["files"])
-    message = one_error(run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(folder)], check=False))
+    message = one_error(run_here(["-m", "cosmoflow.evaluate", "--run-dir", str(folder)], capsys))
     assert f"{folder / 'metrics.json'}: exists and was not written by this suite" in message
     assert (folder / "metrics.json").read_text() == '{"my": "results"}\n'
     assert (folder / "notes.txt").read_text() == "my notes\n"
 
 
-def test_an_mlperf_log_outside_the_run_folder_must_be_a_new_file(tiny_cosmo_data, tmp_path):
+def test_an_mlperf_log_outside_the_run_folder_must_be_a_new_file(tiny_cosmo_data, tmp_path, capsys):
     users = tmp_path / "their.log"
     users.write_text("a user's log\n")
     mlperf = ["--set", "mlperf.enabled=true"]
-    message = one_error(run_python(train_args(tiny_cosmo_data, tmp_path / "a", *mlperf, "--set",
-                                              f"mlperf.log_file={users}"), check=False))
+    message = one_error(run_here(train_args(tiny_cosmo_data, tmp_path / "a", *mlperf, "--set",
+                                              f"mlperf.log_file={users}"), capsys))
     assert f"{users}: mlperf.log_file exists and was not started by this run directory's training" in message
     assert users.read_text() == "a user's log\n" and not (tmp_path / "a" / "config.yaml").exists()
     log = tmp_path / "logs" / "run.log"
@@ -377,20 +368,20 @@ def test_an_mlperf_log_outside_the_run_folder_must_be_a_new_file(tiny_cosmo_data
     run_python(train_args(tiny_cosmo_data, tmp_path / "b", "--resume", *mlperf, "--set", f"mlperf.log_file={log}",
                           epochs=2))
     assert log.read_text().startswith(first) and len(log.read_text()) > len(first)
-    other = one_error(run_python(train_args(tiny_cosmo_data, tmp_path / "c", *mlperf, "--set",
-                                            f"mlperf.log_file={log}"), check=False))
+    other = one_error(run_here(train_args(tiny_cosmo_data, tmp_path / "c", *mlperf, "--set",
+                                            f"mlperf.log_file={log}"), capsys))
     assert f"{log}: mlperf.log_file exists" in other
 
 
-def test_bench_and_scaling_outputs_never_replace_a_users_file(tiny_cosmo_data, tmp_path):
+def test_bench_and_scaling_outputs_never_replace_a_users_file(tiny_cosmo_data, tmp_path, capsys):
     users_json, users_png = tmp_path / "numbers.json", tmp_path / "plot.png"
     users_json.write_text('{"mine": true}\n')
     users_png.write_bytes(b"\x89PNG not the suite's")
-    bench = one_error(run_python(["-m", "common.tools.bench", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data),
-                                  "--steps", "2", "--json", str(users_json)], check=False))
+    bench = one_error(run_here(["-m", "common.tools.bench", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data),
+                                  "--steps", "2", "--json", str(users_json)], capsys))
     assert f"{users_json}: exists and was not written by this suite" in bench
-    scaling = one_error(run_python(["-m", "common.tools.scaling", "--config", DEMO, "--system", "perlmutter",
-                                    "--nodes", "1,2", "--png", str(users_png)], check=False))
+    scaling = one_error(run_here(["-m", "common.tools.scaling", "--config", DEMO, "--system", "perlmutter",
+                                    "--nodes", "1,2", "--png", str(users_png)], capsys))
     assert f"{users_png}: exists and was not written by this suite" in scaling
     assert users_json.read_text() == '{"mine": true}\n' and users_png.read_bytes() == b"\x89PNG not the suite's"
     # A figure the suite wrote carries its mark and is replaced without --force.
@@ -453,14 +444,14 @@ def test_staging_recopies_a_source_that_changed(tmp_path):
 
 # -- bad input: exit 2, one line naming the file and what was expected -----------------------------------
 
-def test_a_flipped_byte_in_a_record_is_named(tiny_cosmo_data, tmp_path):
+def test_a_flipped_byte_in_a_record_is_named(tiny_cosmo_data, tmp_path, capsys):
     """TensorFlow's reader finds the bad data checksum but names no file; the run names it."""
     data = copy_dataset(tiny_cosmo_data, tmp_path / "data")
     victim = sorted((data / "train").iterdir())[6]
     payload = bytearray(victim.read_bytes())
     payload[len(payload) // 2] ^= 0x01
     victim.write_bytes(bytes(payload))
-    message = one_error(run_python(train_args(data, tmp_path / "run"), check=False))
+    message = one_error(run_here(train_args(data, tmp_path / "run"), capsys))
     assert message == f"error: {victim}: corrupt TFRecord file (bad data checksum of record 0)"
 
 
@@ -471,11 +462,11 @@ def resized_sample(path, compression=None):
     rewrite(path, [example(np.ones((8, 8, 8, 4), np.int16), y)], compression)
 
 
-def test_a_sample_of_another_shape_in_a_later_file_is_named(tiny_cosmo_data, tmp_path):
+def test_a_sample_of_another_shape_in_a_later_file_is_named(tiny_cosmo_data, tmp_path, capsys):
     data = copy_dataset(tiny_cosmo_data, tmp_path / "data")
     victim = sorted((data / "train").iterdir())[20]
     resized_sample(victim)
-    message = one_error(run_python(train_args(data, tmp_path / "run"), check=False))
+    message = one_error(run_here(train_args(data, tmp_path / "run"), capsys))
     assert message.startswith(f"error: {victim}: record 0: holds x of 4096 and y of 4 values, expected 32768 and 4")
     assert not (tmp_path / "run").exists()   # found at start-up: nothing written
     # GZIP files cannot be walked without decompressing them: the reader names the file as it meets it.
@@ -486,18 +477,16 @@ def test_a_sample_of_another_shape_in_a_later_file_is_named(tiny_cosmo_data, tmp
             rewrite(gz / split / path.name, records_of(path), "GZIP")
     victim = gz / "train" / victim.name
     resized_sample(victim, "GZIP")
-    message = one_error(run_python(train_args(gz, tmp_path / "run-gz", "--set", "data.compression=gzip"),
-                                   check=False))
+    message = one_error(run_here(train_args(gz, tmp_path / "run-gz", "--set", "data.compression=gzip"), capsys))
     assert message.startswith(f"error: {victim}: a record holds x or y of another size than expected")
     # A truncated GZIP member: named after TensorFlow's reader stops on it.
     rewrite(victim, records_of(tiny_cosmo_data / "train" / victim.name), "GZIP")
     victim.write_bytes(victim.read_bytes()[:-40])
-    message = one_error(run_python(train_args(gz, tmp_path / "run-gz2", "--set", "data.compression=gzip"),
-                                   check=False))
+    message = one_error(run_here(train_args(gz, tmp_path / "run-gz2", "--set", "data.compression=gzip"), capsys))
     assert message.startswith(f"error: {victim}: not a readable GZIP TFRecord file")
 
 
-def test_hep_short_weights_and_a_corrupt_chunk_are_named(tmp_path):
+def test_hep_short_weights_and_a_corrupt_chunk_are_named(tmp_path, capsys):
     from hep_cnn.synth import generate_dataset
 
     data = generate_dataset(tmp_path / "hep", 64, 32, 32, image_size=16, events_per_file=32, progress=False)
@@ -509,7 +498,7 @@ def test_hep_short_weights_and_a_corrupt_chunk_are_named(tmp_path):
         weights = f["all_events/weight"][()]
         del f["all_events/weight"]
         f["all_events/weight"] = weights[:-1]
-    message = one_error(run_python(args, check=False))
+    message = one_error(run_here(args, capsys))
     assert message == f"error: {victim}: all_events/weight has shape (31,), expected (32,): one value per event " \
                       "of all_events/y"
     # A damaged compressed chunk: h5py cannot inflate it.
@@ -522,7 +511,7 @@ def test_hep_short_weights_and_a_corrupt_chunk_are_named(tmp_path):
     with open(victim, "r+b") as handle:
         handle.seek(offset + 20)
         handle.write(b"\xff" * 64)
-    message = one_error(run_python(args, check=False))
+    message = one_error(run_here(args, capsys))
     assert message.startswith(f"error: {victim}: events ") and "cannot be read" in message
     checked = run_python(["-m", "common.tools.check_data", "--config", "configs/hep_cnn/demo.yaml",
                           "--set", f"data.data_dir={data}", "--set", "data.image_size=16"], check=False)
@@ -544,20 +533,18 @@ def test_a_detection_split_without_snapshots_is_named(tmp_path):
         split_samples(cfg, "train")
 
 
-def test_a_model_that_does_not_fit_the_samples_is_refused_before_the_run_folder(tiny_cosmo_data, tmp_path):
-    message = one_error(run_python(train_args(tiny_cosmo_data, tmp_path / "run", "--set", "model.conv_blocks=5"),
-                                   check=False))
+def test_a_model_that_does_not_fit_the_samples_is_refused_before_the_run_folder(tiny_cosmo_data, tmp_path, capsys):
+    message = one_error(run_here(train_args(tiny_cosmo_data, tmp_path / "run", "--set", "model.conv_blocks=5"), capsys))
     assert "model.conv_blocks=5: block 5 has nothing left of data.sample_shape [16, 16, 16, 4]" in message
     assert not (tmp_path / "run").exists()
 
 
-def test_a_config_that_is_not_utf8_and_a_boolean_for_a_number(tiny_cosmo_data, tmp_path):
+def test_a_config_that_is_not_utf8_and_a_boolean_for_a_number(tiny_cosmo_data, tmp_path, capsys):
     config = tmp_path / "latin1.yaml"
     config.write_bytes("# r\xe9solution\ndata: {data_dir: /d}\n".encode("latin-1"))
-    message = one_error(run_python(["-m", "cosmoflow.train", "--config", str(config)], check=False))
+    message = one_error(run_here(["-m", "cosmoflow.train", "--config", str(config)], capsys))
     assert message.startswith(f"error: {config}: not a UTF-8 text file")
-    message = one_error(run_python(train_args(tiny_cosmo_data, tmp_path / "run", "--set", "data.batch_size=true"),
-                                   check=False))
+    message = one_error(run_here(train_args(tiny_cosmo_data, tmp_path / "run", "--set", "data.batch_size=true"), capsys))
     assert "key 'data.batch_size': expected a number, not a boolean" in message
 
 
@@ -570,7 +557,7 @@ def without_file_permission_overrides(args, **kwargs):
     return subprocess.run(command, cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300, **kwargs)
 
 
-def test_unreadable_data_and_unwritable_or_impossible_output_folders(tiny_cosmo_data, tmp_path):
+def test_unreadable_data_and_unwritable_or_impossible_output_folders(tiny_cosmo_data, tmp_path, capsys):
     data = copy_dataset(tiny_cosmo_data, tmp_path / "data")
     os.chmod(data / "train", 0)
     try:
@@ -583,7 +570,7 @@ def test_unreadable_data_and_unwritable_or_impossible_output_folders(tiny_cosmo_
     message = one_error(without_file_permission_overrides(train_args(data, readonly / "run")))
     assert message == f"error: {readonly / 'run'}: --output-dir is not writable (no write permission on {readonly})"
     (tmp_path / "a_file").write_text("")
-    message = one_error(run_python(train_args(data, tmp_path / "a_file" / "run"), check=False))
+    message = one_error(run_here(train_args(data, tmp_path / "a_file" / "run"), capsys))
     assert message == f"error: {tmp_path / 'a_file' / 'run'}: --output-dir cannot be created: " \
                       f"{tmp_path / 'a_file'} is a file, not a folder"
 

@@ -19,7 +19,7 @@ import pytest
 from common.config import instance_configs, load_config
 from common.errors import ConfigError
 from common.instances import job_exit_code, summarize, table, weak_scaling
-from conftest import REPO, STARTUP_S, last_json_line, launcher, python_env, run_python, tiny_cosmo_overrides
+from conftest import REPO, STARTUP_S, last_json_line, launcher, python_env, run_here, run_python, tiny_cosmo_overrides
 from cosmoflow.config import CosmoflowConfig
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
@@ -145,7 +145,7 @@ def refused_with(result, expected: str) -> str:
 
 
 @pytest.mark.horovod
-def test_a_job_folder_and_a_lone_runs_folder_are_never_mixed(two_instances, tiny_cosmo_data, tmp_path):
+def test_a_job_folder_and_a_lone_runs_folder_are_never_mixed(two_instances, tiny_cosmo_data, tmp_path, capsys):
     """A folder holds one kind of run: a lone run (fresh, --resume or --force) is refused in a job's folder and in
     an instance's, a job resumed with another count of instances is refused, and a job is refused in a lone run's
     folder; each before anything is written."""
@@ -155,17 +155,17 @@ def test_a_job_folder_and_a_lone_runs_folder_are_never_mixed(two_instances, tiny
     for extra, expected in [((), "holds a job of 2 instances"),
                             (("--resume",), "resume the job with --set distributed.instances=2"),
                             (("--force",), "holds a job of 2 instances")]:
-        result = run_python(train_args(tiny_cosmo_data, job, *extra), check=False)
+        result = run_here(train_args(tiny_cosmo_data, job, *extra), capsys)   # (one process: in this one)
         assert result.returncode == 2
         refused_with(result, expected)
-    result = run_python(train_args(tiny_cosmo_data, job / "instance-0", "--resume"), check=False)
+    result = run_here(train_args(tiny_cosmo_data, job / "instance-0", "--resume"), capsys)
     assert result.returncode == 2
     refused_with(result, f"is one instance of the job of 2 instances in {job}")
     result = run_python(train_args(tiny_cosmo_data, job, "--resume", "--set", "distributed.instances=3", batch_size=2),
                         ranks=3, check=False)
     refused_with(result, "--resume with distributed.instances=3 cannot continue every one of them")
     assert tree_snapshot(job) == before
-    evaluated = run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(job)], check=False)
+    evaluated = run_here(["-m", "cosmoflow.evaluate", "--run-dir", str(job)], capsys)
     assert evaluated.returncode == 2 and "holds a job of 2 instances" in evaluated.stderr
 
     lone, tmp = tmp_path / "lone", tmp_path / "tmp"
@@ -180,7 +180,7 @@ def test_a_job_folder_and_a_lone_runs_folder_are_never_mixed(two_instances, tiny
 
 
 @pytest.mark.horovod
-def test_an_instance_that_cannot_start_stops_the_job_before_any_instance_writes(tiny_cosmo_data, tmp_path):
+def test_an_instance_that_cannot_start_stops_the_job_before_any_instance_writes(tiny_cosmo_data, tmp_path, capsys):
     """Instance 1's override gives a network that does not fit the samples: every instance hears it before any
     writes (no job folder left behind), and --dry-run builds every instance's network, so it refuses it too."""
     bad = ["--set", "distributed.instances=2", "--set",
@@ -189,9 +189,10 @@ def test_an_instance_that_cannot_start_stops_the_job_before_any_instance_writes(
     assert "Exit code: 2" in rank_exit_codes(result.stderr), result.stderr[-3000:]
     refused_with(result, "instance 1 of 2: model.conv_blocks=40")
     assert not (tmp_path / "job").exists()
-    dry = run_python(train_args(tiny_cosmo_data, tmp_path / "job", *bad, "--dry-run"), check=False)
+    dry = run_here(train_args(tiny_cosmo_data, tmp_path / "job", *bad, "--dry-run"), capsys)
     assert dry.returncode == 2 and "instance 1 (distributed.instance_overrides[1]): model.conv_blocks=40" in dry.stderr
-    fine = run_python(train_args(tiny_cosmo_data, tmp_path / "job", "--set", "distributed.instances=2", "--dry-run"))
+    fine = run_here(train_args(tiny_cosmo_data, tmp_path / "job", "--set", "distributed.instances=2", "--dry-run"), capsys)
+    assert fine.returncode == 0, fine.stderr[-3000:]
     assert len(last_json_line(fine.stdout)["instances"]) == 2
 
 
