@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from common.storage import checkpoint
-from conftest import REPO, STARTUP_S, launcher, python_env, run_python, tiny_cosmo_overrides
+from conftest import REPO, STARTUP_S, launcher, python_env, run_here, run_python, tiny_cosmo_overrides
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
 # Everything random at work: dropout, augmentation, a sample shuffle buffer; 32 steps per epoch.
@@ -430,8 +430,14 @@ def copy_dataset(source, target):
     return target
 
 
-def run_bad(args, run_dir=None):
-    result = run_python(args, check=False)
+@pytest.fixture
+def run_bad(capsys):
+    """A command that must refuse (exit 2, one ``error:`` line: returned), run in this process: what is tested is
+    the refusal, not a process boundary (``conftest.run_here``)."""
+    return lambda args: _refusal(run_here(args, capsys))
+
+
+def _refusal(result):
     errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
     assert result.returncode == 2, result.stderr[-3000:]
     assert len(errors) == 1, result.stderr[-3000:]
@@ -443,7 +449,7 @@ def train_args(data_dir, run_dir, *extra):
             "--output-dir", str(run_dir), *extra]
 
 
-def test_truncated_tfrecord(tiny_cosmo_data, tmp_path):
+def test_truncated_tfrecord(tiny_cosmo_data, tmp_path, run_bad):
     data = copy_dataset(tiny_cosmo_data, tmp_path / "data")
     victim = sorted((data / "train").iterdir())[3]
     victim.write_bytes(victim.read_bytes()[:-100])
@@ -456,12 +462,12 @@ def test_truncated_tfrecord(tiny_cosmo_data, tmp_path):
     assert json.loads((tmp_path / "run2" / "summary.json").read_text())["skipped_files"] == [error[7:]]
 
 
-def test_wrong_sample_shape(tiny_cosmo_data, tmp_path):
+def test_wrong_sample_shape(tiny_cosmo_data, tmp_path, run_bad):
     error = run_bad(train_args(tiny_cosmo_data, tmp_path / "run", "--set", "data.sample_shape=[8, 8, 8, 4]"))
     assert "expected 4096 (int16 x data.sample_shape [8, 8, 8, 4])" in error
 
 
-def test_corrupt_hdf5_and_nan_targets(tmp_path):
+def test_corrupt_hdf5_and_nan_targets(tmp_path, run_bad):
     from cosmoflow.config import MockSection
     from cosmoflow.mock import generate_dataset
     data = generate_dataset(tmp_path / "h5", 4, 2, 8, MockSection(box_size_mpc_h=64.0), file_format="hdf5",
@@ -479,7 +485,7 @@ def test_corrupt_hdf5_and_nan_targets(tmp_path):
     assert "'unitPar' holds NaN or Inf" in error
 
 
-def test_existing_run_and_config_errors_overwrite_nothing(tiny_cosmo_data, tmp_path):
+def test_existing_run_and_config_errors_overwrite_nothing(tiny_cosmo_data, tmp_path, run_bad):
     run_dir = tmp_path / "run"
     run_python(train_args(tiny_cosmo_data, run_dir))
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and "tensorboard" not in str(p)}
@@ -495,7 +501,7 @@ def test_existing_run_and_config_errors_overwrite_nothing(tiny_cosmo_data, tmp_p
     assert after == before
 
 
-def test_hep_bad_labels_and_nan_images(tmp_path):
+def test_hep_bad_labels_and_nan_images(tmp_path, run_bad):
     from hep_cnn.synth import generate_dataset
     data = generate_dataset(tmp_path / "hep", 64, 32, 32, image_size=16, events_per_file=32, progress=False)
     args = ["-m", "hep_cnn.train", "--set", f"data.data_dir={data}", "--set", "data.image_size=16",
