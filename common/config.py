@@ -12,10 +12,8 @@ instance config: every command that loads a config refuses them up front.
 from __future__ import annotations
 
 import copy
-import os
 import functools
 import pathlib
-import re
 import types
 import typing
 from typing import Any, Literal, TypeVar
@@ -266,23 +264,6 @@ def network_data_record(cfg: AppConfig) -> dict:
     checkpoint records beside its model section."""
     dumped = config_to_dict(cfg)
     return {key: functools.reduce(dict.__getitem__, key.split("."), dumped) for key in meaning_keys(type(cfg))}
-
-
-ENVIRONMENT_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
-
-
-def expand_environment(value: str, key: str) -> str:
-    """``value`` with each ``$NAME`` or ``${NAME}`` replaced by that environment variable's value, where a path
-    is used (``/dev/shm/cosmoflow-${SLURM_JOB_ID}``: a folder per job); an unset one is a ConfigError naming
-    ``key``."""
-    def value_of(match: re.Match) -> str:
-        name = match.group(1) or match.group(2)
-        if name not in os.environ:
-            raise ConfigError(f"{key}: {value} names the environment variable ${name}, which is not set here; "
-                              f"set it, or set {key} to a path without it (--set {key}=...)")
-        return os.environ[name]
-
-    return ENVIRONMENT_VARIABLE.sub(value_of, value)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -24,12 +24,27 @@ from typing import Callable
 
 import google_crc32c
 
-from common.config import expand_environment
 from common.distributed import Distributed
-from common.errors import DataError
+from common.errors import ConfigError, DataError
 from common.storage.outputs import atomic_path, write_json
 
 log = logging.getLogger(__name__)
+
+ENVIRONMENT_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def expand_stage_dir(stage_dir: str) -> str:
+    """``data.stage_dir`` with each ``$NAME`` or ``${NAME}`` replaced by that environment variable's value, on the
+    node that stages (``/dev/shm/cosmoflow-${SLURM_JOB_ID}``: a folder per job); an unset one is a ConfigError
+    naming the key."""
+    def value_of(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in os.environ:
+            raise ConfigError(f"data.stage_dir: {stage_dir} names the environment variable ${name}, which is not set "
+                              "here; set it, or set data.stage_dir to a path without it (--set data.stage_dir=...)")
+        return os.environ[name]
+
+    return ENVIRONMENT_VARIABLE.sub(value_of, stage_dir)
 
 
 STAGE_MANIFEST = ".hpc-dl-suite-staged.json"
@@ -279,7 +294,7 @@ def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress:
     are removed (:func:`remove_killed_copies`).  A write that fails (a full disk, a file
     size limit) is a one-line error naming the file and the folder.
     """
-    root = pathlib.Path(expand_environment(stage_dir, "data.stage_dir"))
+    root = pathlib.Path(expand_stage_dir(stage_dir))
     check_stage_dir(root, [*([data_dir] if data_dir else []), *{os.path.dirname(os.path.abspath(f)) for f in files}])
     mine = files[dist.rank::dist.size]
     # Instances (distributed.instances) share a node's stage_dir: each rank of each instance has its own folder.

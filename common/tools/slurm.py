@@ -18,7 +18,8 @@ import shlex
 
 from common.console import logs
 from common.cli import exit_process, find_application, run_command
-from common.config import expand_environment, load_config
+from common.config import load_config
+from common.storage.staging import expand_stage_dir
 
 # Imported where used, not here: TensorFlow and the engine modules that import it, so that --help and argument or
 # config errors answer without it.
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
         for key, value in horovod_environment(cfg).items():
             print(f"export {key}={shlex.quote(value)}")
         stage_dir = getattr(cfg.data, "stage_dir", None)   # with its $VARIABLES expanded, as staging does
-        print(f"STAGE_DIR={shlex.quote(expand_environment(stage_dir, 'data.stage_dir') if stage_dir else '')}")
+        print(f"STAGE_DIR={shlex.quote(expand_stage_dir(stage_dir) if stage_dir else '')}")
         return 0
     # deferred: TensorFlow and Horovod; `env` (run inside the batch script) must not load them
     from common import distributed
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     dist.world_barrier()   # every rank of the job (of every instance) before any leaves
     if dist.world_rank == 0:   # with distributed.instances, every instance staged its own shares
         instances = f" in {dist.instances} instances" if dist.instances > 1 else ""
-        stage_dir = expand_environment(cfg.data.stage_dir, "data.stage_dir")
+        stage_dir = expand_stage_dir(cfg.data.stage_dir)
         print(f"staged the training files of {dist.world_size} rank(s){instances} to {stage_dir} "
               f"({datasets.train_samples} samples per epoch)", flush=True)
     return 0
