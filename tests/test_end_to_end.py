@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from common.storage import checkpoint
-from conftest import REPO, last_json_line, run_python, tiny_cosmo_overrides
+from conftest import REPO, last_json_line, run_here, run_python, tiny_cosmo_overrides
 
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
 
@@ -119,7 +119,7 @@ def test_evaluate_writes_metrics_and_plots(trained_run, tiny_cosmo_data):
                 assert row["predicted_mean"] == pytest.approx(predictions[inside, i].mean(), rel=1e-6)
 
 
-def test_learning_curve_reads_the_runs_and_the_regression(trained_run, tiny_cosmo_data, tmp_path):
+def test_learning_curve_reads_the_runs_and_the_regression(trained_run, tiny_cosmo_data, tmp_path, capsys):
     run_dir, _ = trained_run
     run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(run_dir)])
     information = tmp_path / "information.json"
@@ -147,14 +147,14 @@ def test_learning_curve_reads_the_runs_and_the_regression(trained_run, tiny_cosm
     other = json.loads(information.read_text())
     other["data_dir"] = str(tmp_path / "elsewhere")
     information.write_text(json.dumps(other))
-    refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--series", "tiny",
-                          str(run_dir), "--out", str(tmp_path / "other.png")], check=False)
+    refused = run_here(["-m", "cosmoflow.learning_curve", "--information", str(information), "--series", "tiny",
+                        str(run_dir), "--out", str(tmp_path / "other.png")], capsys)
     assert refused.returncode == 2 and f"{information}: the regression read" in refused.stderr
     assert not (tmp_path / "other.png").exists()
 
 
 def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_networks(trained_run, tiny_cosmo_data,
-                                                                                      tmp_path):
+                                                                                      tmp_path, capsys):
     run_dir, _ = trained_run
     if not (run_dir / "metrics.json").exists():
         run_python(["-m", "cosmoflow.evaluate", "--run-dir", str(run_dir)])
@@ -212,8 +212,8 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
                          "short.json: runs.tiny[0]: mae names H0, Omega_m, n_s, sigma_8, ratio Omega_m, n_s"),
                         (["--earlier", str(tmp_path / "negative.json"), "--extend", "tiny", str(copy)],
                          "negative.json: runs.tiny[0]: expected train_samples a whole number of at least 1")):
-        refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *extra,
-                              "--out", str(tmp_path / "refused.png")], check=False)
+        refused = run_here(["-m", "cosmoflow.learning_curve", "--information", str(information), *extra,
+                            "--out", str(tmp_path / "refused.png")], capsys)
         assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, \
             (said, refused.stderr)
         assert not (tmp_path / "refused.png").exists()
@@ -222,8 +222,8 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
                         (["--earlier", str(information)], "no networks and runs; expected an earlier --json"),
                         ([], "no networks to draw")):
         args = ["--series", "tiny", str(run_dir)] if extra and extra[0] == "--regressions" else []
-        refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *args, *extra,
-                              "--out", str(tmp_path / "refused.png")], check=False)
+        refused = run_here(["-m", "cosmoflow.learning_curve", "--information", str(information), *args, *extra,
+                            "--out", str(tmp_path / "refused.png")], capsys)
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
     # wrongly typed numbers, outputs that collide or cannot be written: one line, exit 2, no figure left behind
     tabbed = json.loads(first.read_text())
@@ -253,8 +253,8 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
                         (["--earlier", str(tmp_path / "tabbed.json")], "tabbed.json: networks 'a\\tb': expected a label"),
                         (["--series", "Ridge on log P(k)", str(run_dir)], "the label of a regression or bound drawn too")):
         series = [] if "--series" in extra else ["--series", "again", str(run_dir)]
-        refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), *series, *extra,
-                              "--out", str(tmp_path / "refused.png")], check=False)
+        refused = run_here(["-m", "cosmoflow.learning_curve", "--information", str(information), *series, *extra,
+                            "--out", str(tmp_path / "refused.png")], capsys)
         assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
         assert not (tmp_path / "refused.png").exists()
     assert (tmp_path / "users.json").read_text() == "{}"
@@ -264,8 +264,8 @@ def test_learning_curve_adds_chosen_regressions_bounds_and_an_earlier_figures_ne
     moved = json.loads(first.read_text())
     moved["runs"]["tiny"][0]["data_dir"] = str(tmp_path / "elsewhere")
     (tmp_path / "moved.json").write_text(json.dumps(moved))
-    refused = run_python(["-m", "cosmoflow.learning_curve", "--information", str(information), "--earlier",
-                          str(tmp_path / "moved.json"), "--out", str(tmp_path / "refused.png")], check=False)
+    refused = run_here(["-m", "cosmoflow.learning_curve", "--information", str(information), "--earlier",
+                        str(tmp_path / "moved.json"), "--out", str(tmp_path / "refused.png")], capsys)
     assert refused.returncode == 2 and "moved.json: its runs read" in refused.stderr
     assert not (tmp_path / "refused.png").exists()
 
