@@ -24,7 +24,6 @@ from typing import Callable
 
 import google_crc32c
 
-from common.distributed import Distributed
 from common.errors import ConfigError, DataError
 from common.storage.outputs import atomic_path, write_json
 
@@ -270,11 +269,13 @@ def remove_killed_copies(target: pathlib.Path, names) -> int:
     return removed
 
 
-def stage_files(files: list[str], stage_dir: str, dist: Distributed, decompress: bool = False,
+def stage_files(files: list[str], stage_dir: str, dist, decompress: bool = False,
                 staged_format: StagedFormat | None = None, data_dir: str | None = None) -> list[str]:
     """Copy this rank's share of ``files`` to ``stage_dir/rank-<r>`` (parallel copies); with ``decompress``,
     write each GZIP file inflated instead (what a reader then reads without a decompression step); with
-    ``staged_format``, write each in that layout (:class:`StagedFormat`).
+    ``staged_format``, write each in that layout (:class:`StagedFormat`).  ``dist``: the ranks, a
+    :class:`common.distributed.Distributed` (its rank, size and instance; not imported here: distributed.py
+    writes through storage, so storage names it only).
 
     ``stage_dir`` may name environment variables (``/dev/shm/cosmoflow-${SLURM_JOB_ID}``: a folder per job;
     an unset one is a one-line error).  It is refused when it is, holds or lies inside ``data_dir`` or a
