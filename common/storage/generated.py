@@ -27,6 +27,12 @@ from common.storage.transaction import fault, terminate_as_interrupt
 
 log = logging.getLogger(__name__)
 
+# The lock file of a work folder of :func:`generated_folder`: flocked by the generating process for its life.
+WORK_LOCK = ".hpc-dl-suite-work.lock"
+# The work folders this process is filling: a generation asked to fill one of them (a generator called inside
+# another's block) fills it in place, the outer generation's rename making the whole appear at once.
+_working_in: set[pathlib.Path] = set()
+
 
 def is_empty_folder(path) -> bool:
     """Whether ``path`` is an existing folder with nothing in it."""
@@ -113,13 +119,6 @@ def generated_folder(target, expected: str):
         _working_in.discard(work.resolve())
         if lock_fd is not None:
             os.close(lock_fd)
-
-
-# The lock file of a work folder of :func:`generated_folder`: flocked by the generating process for its life.
-WORK_LOCK = ".hpc-dl-suite-work.lock"
-# The work folders this process is filling: a generation asked to fill one of them (a generator called inside
-# another's block) fills it in place, the outer generation's rename making the whole appear at once.
-_working_in: set[pathlib.Path] = set()
 
 
 def _work_folder_pattern(destination: pathlib.Path) -> re.Pattern:
