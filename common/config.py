@@ -107,6 +107,23 @@ class DataSection(Section):
         "~/.cache/hpc-dl-suite/derived; on several nodes, one they all see")
 
 
+class CountedDataSection(DataSection):
+    """A data section whose training and validation splits training may cut to their first samples (evaluation
+    and prediction read every sample)."""
+
+    # The key that selects what training uses of each split it reads.
+    COUNT_KEYS: typing.ClassVar[dict[str, str]] = {"train": "n_train", "validation": "n_validation"}
+
+    n_train: PositiveInt | None = Field(None, description="training samples to use (default: all present)")
+    n_validation: PositiveInt | None = Field(None, description="validation samples to use (default: all present)")
+
+    def requested(self, split: str) -> tuple[int | None, str | None]:
+        """(the samples training uses of ``split``, None for all of them; the key that says so, ``data.n_train``);
+        (None, None) for a split training does not read."""
+        key = self.COUNT_KEYS.get(split)
+        return (getattr(self, key), f"data.{key}") if key else (None, None)
+
+
 class TrainSection(Section):
     epochs: PositiveInt = 1
     seed: int = 0

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from common.config import MEANING, AppConfig, DataSection, Section
+from common.config import MEANING, AppConfig, CountedDataSection, Section
 
 # Order of the four targets in the MLPerf files (``y`` / ``unitPar``), where no ``namePar`` says otherwise.
 TARGET_NAMES = ("Omega_m", "sigma_8", "n_s", "H0")
+
+log = logging.getLogger(__name__)
 TargetName = Literal["Omega_m", "sigma_8", "n_s", "H0"]
 
 
@@ -32,14 +35,12 @@ class MockSection(Section):
     h0_range: tuple[PositiveFloat, PositiveFloat] = Field((60.0, 80.0), json_schema_extra=MEANING)
 
 
-class CosmoDataSection(DataSection):
+class CosmoDataSection(CountedDataSection):
     format: Literal["tfrecord", "hdf5"] = "tfrecord"
     compression: Literal["none", "gzip"] = Field("none", description="TFRecord compression")
     sample_shape: tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt] = Field(
         (128, 128, 128, 4), description="one sample, channels last: (x, y, z, redshifts)")
     samples_per_file: PositiveInt = Field(1, description="TFRecord samples per file (1 in the MLPerf layout)")
-    n_train: PositiveInt | None = Field(None, description="training samples to use (default: all present)")
-    n_valid: PositiveInt | None = Field(None, description="validation samples to use (default: all present)")
     target_names: list[TargetName] = Field(default_factory=lambda: list(TARGET_NAMES),
                                            description="the targets the network predicts, in this order",
                                            json_schema_extra=MEANING)
@@ -64,6 +65,19 @@ class CosmoDataSection(DataSection):
                                                       "files inflated (MLPerf's layout as raw samples read at their "
                                                       "offsets; others as TFRecords): no inflating per epoch")
     mock: MockSection = Field(default_factory=MockSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, values):
+        """``n_valid`` (CosmoFlow's old spelling, until 0.2.0) still read, with a warning: one spelling of the
+        validation count, ``data.n_validation``, in every application."""
+        if isinstance(values, dict) and "n_valid" in values:
+            if "n_validation" in values:
+                raise ValueError("data.n_valid is the old name of data.n_validation: give only data.n_validation")
+            log.warning("data.n_valid is deprecated (read until 0.2.0): call it data.n_validation")
+            values = dict(values)
+            values["n_validation"] = values.pop("n_valid")
+        return values
 
     @field_validator("target_names", "file_target_names")
     @classmethod

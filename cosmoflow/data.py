@@ -17,7 +17,7 @@ Targets are picked by name (``data.target_names``) from the file order
 (``namePar``, else ``data.file_target_names``, else the MLPerf order) and
 checked as read: finite, and within the network's output range.  Sample
 counts come from the files present: asking for more (``n_train``,
-``n_valid``) is an error; fewer is allowed.
+``n_validation``) is an error; fewer is allowed.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ if __name__ == "__main__":
     command_main("cosmoflow.data")
 
 import dataclasses
+import functools
 import logging
 import math
 import pathlib
@@ -43,8 +44,7 @@ from common.loop import epochs
 from common.distributed import Distributed
 from common.errors import DataError
 from common.nn.precision import compute_dtype
-from common.storage.data import (check_split_files, list_files, screen_files, select_count, shards_files,
-                                 shuffled_shards)
+from common.storage.data import check_split_files, list_files, screen_files, select_count
 from common.storage.staging import stage_files
 from common.storage.tfrecord import first_bad_file, read_records, scan_tfrecord
 from cosmoflow import formats
@@ -225,22 +225,17 @@ def _split_samples(cfg: CosmoflowConfig, split: str, requested: int | None, key:
 
 
 def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, seed, training: bool,
-             layout: SampleLayout, compression: str | None = None):
+             layout: SampleLayout, compression: str | None = None, staged: bool = False):
     """(x as stored, y float32 in file order, file name) per sample for this rank, shuffled with ``seed``
     when training.
 
-    With staging, ``files`` are this rank's staged copies (a fixed share).
+    ``staged``: ``files`` are this rank's staged copies (a fixed share), permuted by a seed stream of the rank's own.
     """
     data = cfg.data
     shape = tuple(data.sample_shape)
     if data.format == "tfrecord":
-        if data.stage_dir and training:
-            names = tf.random.experimental.stateless_shuffle(tf.constant(files), seed=[seed, dist.rank])
-            names = tf.data.Dataset.from_tensor_slices(names)
-            record_sharding = False
-        else:
-            names = shuffled_shards(files, dist, seed, shuffle=training)
-            record_sharding = not shards_files(len(files), dist)
+        share = epochs.rank_share((tf.constant(files),), dist, seed, shuffle=training,
+                                  stream=dist.rank if staged else 0, this_rank_only=staged)
         # A read buffer that holds a whole record (MLPerf files hold one 16 MiB sample each): 30% less CPU
         # than the 256 KiB default here.
         buffer_size = min(max(2 * math.prod(shape) + 1024, 256 << 10), 64 << 20)
@@ -252,21 +247,15 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
             records = records.ignore_errors(log_warning=True) if data.on_bad_file == "skip" else records
             return records.map(lambda record: (record, name))   # the file name travels with its samples
 
-        records = names.interleave(
+        records = share.samples(share.items.interleave(
             read_file,
             # Evaluation reads files one after another, so samples come in file order.
-            cycle_length=min(8, len(files)) if training else 1, num_parallel_calls=AUTOTUNE, deterministic=True)
-        if record_sharding:
-            records = records.shard(dist.size, dist.rank)
+            cycle_length=min(8, len(files)) if training else 1, num_parallel_calls=AUTOTUNE, deterministic=True))
         return records.map(lambda r, name: _with_name(parse_example(r, shape, layout), name),
                            num_parallel_calls=AUTOTUNE)
 
-    paths = tf.constant([p for p, _ in index])
-    crops = tf.constant([c for _, c in index], dtype=tf.int64)
-    if training:
-        order = tf.random.experimental.stateless_shuffle(tf.range(len(index)), seed=[seed, 1])
-        paths, crops = tf.gather(paths, order), tf.gather(crops, order)
-    items = tf.data.Dataset.from_tensor_slices((paths, crops)).shard(dist.size, dist.rank)
+    share = epochs.rank_share((tf.constant([p for p, _ in index]), tf.constant([c for _, c in index], dtype=tf.int64)),
+                              dist, seed, shuffle=training, stream=1)
 
     def read(path, crop_index):
         x, y = tf.numpy_function(lambda p, c: formats.hdf5.read_crop(p, c, shape), [path, crop_index],
@@ -275,7 +264,7 @@ def _records(cfg: CosmoflowConfig, files: list[str], index, dist: Distributed, s
         y.set_shape([len(layout.targets)])
         return x, y, path, tf.constant(True)   # HDF5 shapes are checked per file at start-up
 
-    return items.map(read, num_parallel_calls=AUTOTUNE)
+    return share.samples(share.items.map(read, num_parallel_calls=AUTOTUNE))
 
 
 def _with_name(parsed, name):
@@ -346,7 +335,7 @@ def _inputs_and_targets(cfg: CosmoflowConfig, layout: SampleLayout, dtype=tf.flo
     return finish
 
 
-def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed,
+def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, seed, batch_size: int,
               layout: SampleLayout) -> tf.data.Dataset:
     data = cfg.data
 
@@ -361,10 +350,10 @@ def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, se
         transform = _training_transform(data)
         dataset = tf.data.Dataset.zip((dataset, seeds)).map(lambda xyf, s: (transform(xyf[0], s), *xyf[1:]),
                                                             num_parallel_calls=AUTOTUNE)
-    if data.batch_size == 1:  # a batch of one is a reshape, not a 16 MiB copy
+    if batch_size == 1:  # a batch of one is a reshape, not a 16 MiB copy
         dataset = dataset.map(lambda *sample: tuple(t[tf.newaxis] for t in sample))
     else:
-        dataset = dataset.batch(data.batch_size, drop_remainder=True)
+        dataset = dataset.batch(batch_size, drop_remainder=True)
     return dataset.map(_inputs_and_targets(cfg, layout, compute_dtype(cfg.train.precision)),
                        num_parallel_calls=AUTOTUNE)
 
@@ -376,17 +365,12 @@ class CosmoflowSplit(epochs.Split):
     layout: SampleLayout | None = None
 
 
-# The setting that selects the first samples of a split for training (all of them when it is unset).
-COUNT_KEYS = {"train": "n_train", "validation": "n_valid"}
-
-
 def split(cfg: CosmoflowConfig, name: str, dist: Distributed, selected: bool = False) -> CosmoflowSplit:
     """The ``name`` subfolder of ``data.data_dir`` as the engine takes it: its files listed and checked, every
-    sample or, ``selected``, the first ``data.n_train`` / ``data.n_valid`` (what training uses), read in file
+    sample or, ``selected``, the first ``data.n_train`` / ``data.n_validation`` (what training uses), read in file
     order or shuffled (:func:`_records`).  ``items``: the files, or (file, crop) pairs for HDF5."""
     data = cfg.data
-    requested = getattr(data, COUNT_KEYS[name]) if selected else None
-    key = f"data.{COUNT_KEYS[name]}" if selected else "data"
+    requested, key = data.requested(name) if selected else (None, None)
     files, used, index, problems, layout = _split_samples(cfg, name, requested, key, dist)
 
     def read(dist: Distributed, seed, training: bool):
@@ -419,7 +403,7 @@ def staged(cfg: CosmoflowConfig, train: CosmoflowSplit, dist: Distributed) -> Co
 
     def read(dist: Distributed, seed, training: bool):
         return _records(cfg, files, None, dist, seed, training, layout,
-                        compression="GZIP" if compression == "gzip" else "")
+                        compression="GZIP" if compression == "gzip" else "", staged=True)
 
     return dataclasses.replace(train, items=files, read=read,
                                find_bad_file=lambda: first_bad_file(files, compression))
@@ -440,7 +424,7 @@ def build_datasets(cfg: CosmoflowConfig, dist: Distributed) -> Datasets:
     if data.stage_dir and data.format == "tfrecord":
         train = staged(cfg, train, dist)
     return epochs.training_datasets(train, validation, dist, cfg.train.seed, data.batch_size,
-                                    lambda samples, training, seed: _pipeline(cfg, samples, training, seed, layout))
+                                    functools.partial(_pipeline, cfg, layout=layout))
 
 
 def evaluation_dataset(cfg: CosmoflowConfig, name: str = "validation") -> tuple[tf.data.Dataset, int]:
@@ -454,7 +438,7 @@ def evaluation_dataset(cfg: CosmoflowConfig, name: str = "validation") -> tuple[
 def raw_samples(cfg: CosmoflowConfig, name: str = "validation", selected: bool = False):
     """Every sample of a split as stored (the volume before normalisation, its selected targets), in file
     order, as numpy arrays (for analyses outside the network: ``cosmoflow.information``); ``selected``: the first
-    ``data.n_train`` / ``data.n_valid`` only, what training uses."""
+    ``data.n_train`` / ``data.n_validation`` only, what training uses."""
     samples = split(cfg, name, Distributed(), selected)
     layout = samples.layout
     targets = targets_transform(cfg, layout)

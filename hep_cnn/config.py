@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from common.config import MEANING, AppConfig, DataSection, Section
+from common.config import MEANING, AppConfig, CountedDataSection, Section
 
 # The files of each split, told by a word in their names (data.split: by_name).
 SPLIT_NAMES = {"train": ("train",), "validation": ("val",), "test": ("test",)}
@@ -27,7 +27,7 @@ class SynthSection(Section):
     seed: NonNegativeInt = Field(2017, description="NumPy seed of every file (a whole number of at least 0)")
 
 
-class HepDataSection(DataSection):
+class HepDataSection(CountedDataSection):
     layout: Literal["auto", "all_events", "benchmark"] = Field(
         "auto", description="file layout; auto: told by each file's datasets (all_events/ group or root data)")
     image_size: PositiveInt = Field(64, description="eta x phi bins (64: |eta| < 2.5; 224: |eta| < 5)",
@@ -45,8 +45,6 @@ class HepDataSection(DataSection):
     weight_normalization: Literal["none", "max", "log1p"] = Field(
         "max", description="event weights: none, divided by the training maximum, or log1p")
     augment: bool = Field(False, description="random eta flip and phi roll (the detector is symmetric)")
-    n_train: PositiveInt | None = None
-    n_validation: PositiveInt | None = None
     synth: SynthSection = Field(default_factory=SynthSection)
 
     @model_validator(mode="before")

@@ -29,6 +29,7 @@ if __name__ == "__main__":
     command_main("hep_cnn.data")
 
 import dataclasses
+import functools
 import json
 import logging
 import pathlib
@@ -312,15 +313,9 @@ def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed
     data = cfg.data
     shape = (data.image_size, data.image_size, data.channels)
     scale = np.array(maxima["channel_max"][:data.channels], np.float32) if data.scale_by_maxima else None
-    columns = (tf.constant([c.path for c in chunks]), tf.constant([c.start for c in chunks], tf.int64),
-               tf.constant([c.stop for c in chunks], tf.int64), tf.constant([c.layout for c in chunks]))
-    if training:
-        order = tf.random.experimental.stateless_shuffle(tf.range(len(chunks)), seed=[seed, 0])
-        columns = tuple(tf.gather(column, order) for column in columns)
-    table = tf.data.Dataset.from_tensor_slices(columns)
-    shard_chunks = len(chunks) >= dist.size
-    if shard_chunks:
-        table = table.shard(dist.size, dist.rank)
+    share = epochs.rank_share((tf.constant([c.path for c in chunks]), tf.constant([c.start for c in chunks], tf.int64),
+                               tf.constant([c.stop for c in chunks], tf.int64), tf.constant([c.layout for c in chunks])),
+                              dist, seed, shuffle=training)
 
     def read(path, start, stop, layout):
         images, labels, weights, pass_sr = tf.numpy_function(
@@ -336,11 +331,8 @@ def _events(cfg: HepConfig, chunks: list[Chunk], maxima: dict, dist: Distributed
         weights = normalise_weights(weights, data.weight_normalization, maxima["weight_max"])
         return tf.data.Dataset.from_tensor_slices((images, labels, weights, pass_sr))
 
-    events = table.interleave(read, cycle_length=4 if training else 1, num_parallel_calls=AUTOTUNE,
-                              deterministic=True)
-    if not shard_chunks:
-        events = events.shard(dist.size, dist.rank)
-    return events
+    return share.samples(share.items.interleave(read, cycle_length=4 if training else 1, num_parallel_calls=AUTOTUNE,
+                                                deterministic=True))
 
 
 def augment(image, seed):
@@ -351,7 +343,7 @@ def augment(image, seed):
     return tf.roll(image, shift, axis=1)
 
 
-def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed) -> tf.data.Dataset:
+def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed, batch_size: int) -> tf.data.Dataset:
     data = cfg.data
     if training and data.shuffle_buffer:
         events = events.shuffle(data.shuffle_buffer, seed=seed)
@@ -359,11 +351,7 @@ def _batches(cfg: HepConfig, events: tf.data.Dataset, training: bool, seed) -> t
         seeds = tf.data.Dataset.random(seed=seed + 1).batch(2)
         events = tf.data.Dataset.zip((events, seeds)).map(
             lambda e, s: (augment(e[0], s), *e[1:]), num_parallel_calls=AUTOTUNE)
-    return events.map(training_example(cfg), num_parallel_calls=AUTOTUNE).batch(data.batch_size, drop_remainder=True)
-
-
-# The setting that selects the first events of a split for training (all of them when it is unset).
-COUNT_KEYS = {"train": "n_train", "validation": "n_validation"}
+    return events.map(training_example(cfg), num_parallel_calls=AUTOTUNE).batch(batch_size, drop_remainder=True)
 
 
 def split(cfg: HepConfig, name: str, dist: Distributed, selected: bool = False) -> epochs.Split:
@@ -374,8 +362,7 @@ def split(cfg: HepConfig, name: str, dist: Distributed, selected: bool = False) 
     bad: list[str] = []
     chunks = split_chunks(cfg, name, dist, bad)
     if selected:
-        chunks, count = limit_chunks(chunks, getattr(data, COUNT_KEYS[name]), f"data.{COUNT_KEYS[name]}",
-                                     data.data_dir)
+        chunks, count = limit_chunks(chunks, *data.requested(name), data.data_dir)
     else:
         count = sum(c.stop - c.start for c in chunks)
     maxima = load_maxima(cfg)
@@ -388,7 +375,7 @@ def build_datasets(cfg: HepConfig, dist: Distributed) -> Datasets:
     <common.loop.epochs.training_datasets>`) over :func:`split` s, batched by :func:`_batches`."""
     train, validation = split(cfg, "train", dist, selected=True), split(cfg, "validation", dist, selected=True)
     return epochs.training_datasets(train, validation, dist, cfg.train.seed, cfg.data.batch_size,
-                                    lambda events, training, seed: _batches(cfg, events, training, seed))
+                                    functools.partial(_batches, cfg))
 
 
 def evaluation_events(cfg: HepConfig, name: str = "test"):

@@ -105,24 +105,6 @@ def test_hdf5_volumes_are_cut_into_crops(tmp_path):
     np.testing.assert_allclose(crops, np.stack(expected), rtol=1e-6)
 
 
-def test_two_rank_shards_are_disjoint_and_agree_on_order(tmp_path):
-    write_tfrecords(tmp_path / "train", make_samples(8, 3))
-    write_tfrecords(tmp_path / "validation", make_samples(4, 4))
-    cfg = config(tmp_path)
-
-    class Rank(Distributed):
-        def __init__(self, rank):
-            super().__init__()
-            self.rank, self.size = rank, 2
-
-    firsts = []
-    for rank in (0, 1):
-        datasets = build_datasets(cfg, Rank(rank))
-        assert datasets.steps_per_epoch == 2
-        firsts.append({round(float(v), 6) for _, y in datasets.train_epoch(0).take(2) for v in y.numpy()[:, 0]})
-    assert not firsts[0] & firsts[1] and len(firsts[0] | firsts[1]) == 8
-
-
 @pytest.mark.parametrize("case, pattern", [
     ("missing", r"train TFRecord directory not found"),
     ("empty", "no CosmoFlow train TFRecord files"),

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from common.config import validate
 from common.distributed import Distributed
-from common.errors import DataError
+from common.errors import ConfigError, DataError
 from common.loop import epochs
 from cosmoflow.config import CosmoflowConfig
 from hep_cnn.config import HepConfig
@@ -81,13 +81,13 @@ def test_cosmoflow_evaluation_walk_is_every_sample_once_in_file_order(tmp_path, 
     if file_format == "tfrecord":   # 9 samples in files of 3: records of several files, a short last batch
         write_cosmo_tfrecords(tmp_path / "validation", 9, 3, seed=1)
         reference = tfrecord_reference(tmp_path / "validation")
-        cfg = cosmo_config(tmp_path, samples_per_file=3, n_valid=4)
+        cfg = cosmo_config(tmp_path, samples_per_file=3, n_validation=4)
     else:
         write_cosmo_hdf5(tmp_path / "validation", 9, seed=1)
         reference = hdf5_reference(tmp_path / "validation")
-        cfg = cosmo_config(tmp_path, format="hdf5", n_valid=4)
+        cfg = cosmo_config(tmp_path, format="hdf5", n_validation=4)
     samples = split(cfg, "validation", Distributed())
-    assert samples.count == 9 and samples.where == f"{tmp_path}/validation"   # the walk ignores data.n_valid
+    assert samples.count == 9 and samples.where == f"{tmp_path}/validation"   # the walk ignores data.n_validation
     dataset, count = evaluation_dataset(cfg, "validation")
     batches = [(x.numpy(), y.numpy()) for x, y in dataset]
     assert count == 9 and [len(y) for _, y in batches] == [2, 2, 2, 2, 1]
@@ -134,12 +134,20 @@ def test_cosmoflow_count_and_batch_errors_name_the_key_and_the_folder(tmp_path):
         build_datasets(cosmo_config(tmp_path, n_train=9), Distributed())
     assert str(raised.value) == f"data.n_train=9 but only 6 samples are present in {tmp_path / 'train'}"
     with pytest.raises(DataError) as raised:
-        build_datasets(cosmo_config(tmp_path, n_valid=5), Distributed())
-    assert str(raised.value) == f"data.n_valid=5 but only 3 samples are present in {tmp_path / 'validation'}"
+        build_datasets(cosmo_config(tmp_path, n_validation=5), Distributed())
+    assert str(raised.value) == f"data.n_validation=5 but only 3 samples are present in {tmp_path / 'validation'}"
     with pytest.raises(DataError) as raised:   # validation: 3 samples, 2 ranks of 2
         build_datasets(cosmo_config(tmp_path), rank(2, 1))
     assert str(raised.value) == (f"{tmp_path}/validation: 3 samples cannot fill one batch of 2 on each of 2 ranks "
                                  "(lower data.batch_size or add data)")
+
+
+def test_cosmoflow_old_validation_count_key_is_read_with_a_warning(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="cosmoflow.config"):
+        cfg = cosmo_config(tmp_path, n_valid=5)
+    assert cfg.data.n_validation == 5 and "data.n_valid is deprecated" in caplog.text
+    with pytest.raises(ConfigError, match="data.n_valid is the old name of data.n_validation"):
+        cosmo_config(tmp_path, n_valid=5, n_validation=4)
 
 
 def test_cosmoflow_batch_error_comes_before_staging_copies_anything(tmp_path):

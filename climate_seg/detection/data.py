@@ -213,15 +213,9 @@ def _dataset(cfg: DetectConfig, samples: list[Sample], stats: dict, dist: Distri
     target_shape = (*grid, TARGET_CHANNELS + 1)
     if m.variant == "3d":
         image_shape, target_shape = (m.time_steps, *image_shape), (m.time_steps, *target_shape)
-    columns = (tf.constant([s.path for s in samples]), tf.constant([s.index for s in samples], tf.int64),
-               tf.constant([s.labeled for s in samples]))
     numbering = samples[0].class_offset
-    if training:
-        order = tf.random.experimental.stateless_shuffle(tf.range(len(samples)), seed=[seed, 0])
-        columns = tuple(tf.gather(c, order) for c in columns)
-    table = tf.data.Dataset.from_tensor_slices(columns)
-    if len(samples) >= dist.size:
-        table = table.shard(dist.size, dist.rank)
+    share = epochs.rank_share((tf.constant([s.path for s in samples]), tf.constant([s.index for s in samples], tf.int64),
+                               tf.constant([s.labeled for s in samples])), dist, seed, shuffle=training)
 
     def read(path, index, labeled):
         images, targets = tf.numpy_function(
@@ -230,7 +224,7 @@ def _dataset(cfg: DetectConfig, samples: list[Sample], stats: dict, dist: Distri
         images, targets = tf.ensure_shape(images, image_shape), tf.ensure_shape(targets, target_shape)
         return images, {"detect": targets, "recon": images}
 
-    return table.map(read, num_parallel_calls=AUTOTUNE, deterministic=True)
+    return share.samples(share.items.map(read, num_parallel_calls=AUTOTUNE, deterministic=True))
 
 
 def batch_mix(cfg: DetectConfig) -> tuple[int, int]:
@@ -285,12 +279,14 @@ def build_datasets(cfg: DetectConfig, dist: Distributed) -> Datasets:
              f"classes numbered {numbering}-{3 + numbering}; {labeled.count} labeled and {unlabeled.count} "
              f"unlabeled training samples, batches of {n_labeled} labeled + {n_unlabeled} unlabeled")
 
-    def batches(samples, training: bool, seed: int):
+    def batches(samples, training: bool, seed: int, batch_size: int):
         if not training:
-            return samples.batch(data.batch_size, drop_remainder=True)
+            return samples.batch(batch_size, drop_remainder=True)
         stream = samples.batch(n_labeled, drop_remainder=True)
         if n_unlabeled:   # the unlabeled samples cycle beside the epoch's labeled ones, shuffled by their own seed
-            extra = unlabeled.read(dist, seed + 1, True).repeat().batch(n_unlabeled, drop_remainder=True)
+            # Fewer unlabeled samples than ranks: every rank mixes in all of them (a share would leave one none).
+            mixer = dist if unlabeled.count >= dist.size else Distributed()
+            extra = unlabeled.read(mixer, seed + 1, True).repeat().batch(n_unlabeled, drop_remainder=True)
             stream = tf.data.Dataset.zip((stream, extra)).map(_concat)
         return stream
 

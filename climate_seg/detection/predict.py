@@ -199,12 +199,10 @@ def prediction_split(cfg: DetectConfig, item, starts: list[int]):
         read = (lambda read_window: lambda index: read_window(index)[0])(read)
 
     def dataset(dist, seed, training):
-        table = tf.data.Dataset.from_tensor_slices(tf.constant(starts, tf.int64))
-        if len(starts) >= dist.size:
-            table = table.shard(dist.size, dist.rank)
-        return table.map(lambda index: tf.ensure_shape(
+        share = epochs.rank_share((tf.constant(starts, tf.int64),), dist, seed, shuffle=False)
+        return share.samples(share.items.map(lambda index: tf.ensure_shape(
             tf.numpy_function(lambda i: read(int(i)), [index], tf.float32, stateful=False), image_shape),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True))
 
     return epochs.Split(name="predict", where=str(item.path), count=len(starts), items=starts, read=dataset)
 

@@ -7,10 +7,10 @@ from typing import Literal
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from climate_seg.cam5.config import CHANNELS, CLASS_NAMES, FULL_GRID, SynthSection
-from common.config import MEANING, AppConfig, DataSection, Section
+from common.config import MEANING, AppConfig, CountedDataSection, Section
 
 
-class ClimateDataSection(DataSection):
+class ClimateDataSection(CountedDataSection):
     """HDF5 samples (``climate/data`` H x W x 16, ``climate/labels_0`` H x W) in
     ``data_dir/{train,validation,test}/``, statistics in ``data_dir/stats.h5``."""
 
@@ -21,8 +21,6 @@ class ClimateDataSection(DataSection):
         None, description="(h, w) after downsampling: random crops in training, centre crops otherwise")
     normalization: Literal["minmax", "zscore"] = Field("minmax", json_schema_extra=MEANING)
     stats_file: str = Field("stats.h5", description="per-channel statistics, relative to data_dir")
-    n_train: PositiveInt | None = Field(None, description="training samples to use (default: all present)")
-    n_validation: PositiveInt | None = None
     shuffle_buffer: NonNegativeInt = Field(0, description="sample shuffle buffer after reading (0: file shuffle only)")
     augment: bool = Field(False, description="random longitude rolls (the globe is periodic in longitude)")
     read_parallelism: PositiveInt = Field(4, description="files read at once (GIL-free raw reads)")

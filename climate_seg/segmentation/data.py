@@ -24,6 +24,7 @@ random crop and longitude roll when training (centre crop otherwise).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 
@@ -39,7 +40,7 @@ from climate_seg.cam5.stats import class_counts_path, load_stats, read_sample, s
 from climate_seg.cam5.synth import generate_dataset
 from common.application import Datasets
 from common.loop import epochs
-from common.storage.data import check_split_files, read_at, select_count, shards_files
+from common.storage.data import check_split_files, read_at, select_count
 from common.storage.staging import stage_files
 from common.storage.derived import writable_derived
 from common.distributed import Distributed
@@ -182,25 +183,17 @@ def _samples(cfg: ClimateConfig, files: list[SampleFile], stats: dict, dist: Dis
     offset, scale = normalizer(cfg.data.normalization, stats)
     raw = raw_readable(files)
     read = _read_raw(cfg, files[0].label_dtype, files[0].channels_first) if raw else _read_h5py(cfg)
-    # File names with their offsets, permuted by the epoch seed (the same on every rank), then sharded.
-    columns = (tf.constant([f.path for f in files]), tf.constant([f.data_offset or 0 for f in files], tf.int64),
-               tf.constant([f.label_offset or 0 for f in files], tf.int64))
-    if training:
-        order = tf.random.experimental.stateless_shuffle(tf.range(len(files)), seed=[seed, 0])
-        columns = tuple(tf.gather(column, order) for column in columns)
-    table = tf.data.Dataset.from_tensor_slices(columns)
-    sharded_files = not staged and shards_files(len(files), dist)
-    if sharded_files:
-        table = table.shard(dist.size, dist.rank)
+    share = epochs.rank_share((tf.constant([f.path for f in files]),
+                               tf.constant([f.data_offset or 0 for f in files], tf.int64),
+                               tf.constant([f.label_offset or 0 for f in files], tf.int64)),
+                              dist, seed, shuffle=training, this_rank_only=staged)
 
     def load(path, data_offset, label_offset):
         fields, labels = read(path, data_offset, label_offset)
         zero = _check(path, fields, labels)   # folded into the normalisation (exact: x - (o + 0) = x - o)
         return downsample((fields - (offset + zero)) / scale, labels + tf.cast(zero, tf.int32), data.downsample)
 
-    samples = table.map(load, num_parallel_calls=data.read_parallelism, deterministic=True)
-    if not staged and not sharded_files:
-        samples = samples.shard(dist.size, dist.rank)
+    samples = share.samples(share.items.map(load, num_parallel_calls=data.read_parallelism, deterministic=True))
     if training:
         seeds = tf.data.Dataset.random(seed=seed + 1).batch(2)
         samples = tf.data.Dataset.zip((samples, seeds)).map(
@@ -263,16 +256,13 @@ def _augment(cfg: ClimateConfig, fields, labels, seed):
     return fields, labels
 
 
-def _batches(cfg: ClimateConfig, samples: tf.data.Dataset, training: bool, seed: int) -> tf.data.Dataset:
+def _batches(cfg: ClimateConfig, samples: tf.data.Dataset, training: bool, seed: int,
+             batch_size: int) -> tf.data.Dataset:
     shape = cfg.data.input_shape
     samples = samples.map(lambda x, y: (tf.ensure_shape(x, shape), tf.ensure_shape(y, shape[:2])))
     if training and cfg.data.shuffle_buffer:
         samples = samples.shuffle(cfg.data.shuffle_buffer, seed=seed)
-    return samples.batch(cfg.data.batch_size, drop_remainder=True)
-
-
-# The data key selecting what training uses of a split (evaluation walks every file).
-COUNT_KEYS = {"train": "n_train", "validation": "n_validation"}
+    return samples.batch(batch_size, drop_remainder=True)
 
 
 def split(cfg: ClimateConfig, name: str, dist: Distributed, selected: bool = False) -> epochs.Split:
@@ -282,9 +272,8 @@ def split(cfg: ClimateConfig, name: str, dist: Distributed, selected: bool = Fal
     skipped: list[str] = []
     files = split_files(cfg, name, dist, skipped)
     where = f"{cfg.data.data_dir}/{name}"
-    if selected and name in COUNT_KEYS:
-        key = COUNT_KEYS[name]
-        files = files[:select_count(len(files), getattr(cfg.data, key), f"data.{key}", where)]
+    if selected:
+        files = files[:select_count(len(files), *cfg.data.requested(name), where)]
     return _split_of(cfg, name, where, files, len(files), skipped)
 
 
@@ -320,7 +309,7 @@ def build_datasets(cfg: ClimateConfig, dist: Distributed) -> Datasets:
             epochs.steps(checked, dist.size, data.batch_size)
         train = staged(cfg, train, dist)
     return epochs.training_datasets(train, validation, dist, cfg.train.seed, data.batch_size,
-                                    lambda samples, training, seed: _batches(cfg, samples, training, seed),
+                                    functools.partial(_batches, cfg),
                                     cache_validation=True)
 
 

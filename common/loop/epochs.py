@@ -8,6 +8,7 @@ for every application, and is the only place these rules are written:
 what                                        where
 ==========================================  ===================================================================
 samples per rank and step, global batch     :func:`global_batch_size`, :func:`steps`
+this rank's items and samples               :func:`rank_share` -> :class:`RankShare`
 an epoch's seed (same on every rank)        :func:`epoch_seed`
 an epoch: cut before the shuffle            :func:`epoch_samples`
 training and validation streams             :func:`training_datasets` -> :class:`Datasets` (validation cached)
@@ -15,13 +16,16 @@ epochs back to back, a resume's position    :func:`epoch_stream`, :func:`fit_pha
 every sample of a split, in order, batched  :func:`evaluation_walk` (evaluate, and predict on new files)
 ==========================================  ===================================================================
 
-The application keeps two hooks: ``batches(samples, training, seed)`` (its shuffle, augmentation, batching and
-per-batch normalisation: CosmoFlow's int16 batches normalised whole, HEP's per-event scaling) and, where a
-training batch is not one split's samples, ``train_take`` with a ``batches`` that mixes in more (detection's
+The application keeps two hooks: ``batches(samples, training, seed, batch_size)`` (its shuffle, augmentation,
+batching by the per-rank ``batch_size`` it is handed, and per-batch normalisation: CosmoFlow's int16 batches
+normalised whole, HEP's per-event scaling) and, where a training batch is not one split's samples, ``train_take`` with a ``batches`` that mixes in more (detection's
 labeled + unlabeled batches).
 
 The rules:
 
+- a rank's share: the split's items (files, chunks, (file, crop) pairs) permuted with the epoch's seed, the same
+  permutation on every rank; every size-th item from the rank's index on when there are at least as many items
+  as ranks, else every rank reads every item and keeps every size-th sample (:func:`rank_share`);
 - the global batch is the per-rank batch times the ranks (:func:`global_batch_size`);
 - an epoch is ``steps x batch`` samples of this rank's share, cut *before* the shuffle
   (:func:`epoch_samples`): a shuffle buffer as large as the epoch would otherwise fill from past the epoch's
@@ -38,6 +42,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from common.deferred import tensorflow as tf   # imported at first use: the epoch's rules need none
 from common.distributed import Distributed
 from common.errors import DataError
 
@@ -63,6 +68,47 @@ class Split:
     skipped: list[str] = dataclasses.field(default_factory=list)   # files left out (data.on_bad_file: skip)
     # After TensorFlow's reader failed without naming a file: re-read this split's files to find it.
     find_bad_file: Callable[[], Exception | None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RankShare:
+    """One rank's share of a split (:func:`rank_share`): :attr:`items`, the items this rank reads (a tf.data
+    dataset of tuples, one value of each column), and :meth:`samples`, this rank's samples of what it reads."""
+
+    items: Any
+    items_sharded: bool   # False: every rank reads every item; the samples are sharded instead
+    ranks: int
+    rank: int
+
+    def samples(self, samples):
+        """This rank's samples of ``samples``, the stream read from :attr:`items`: all of them when the items
+        were this rank's, else every ``ranks``-th from the rank's index on."""
+        return samples if self.items_sharded else samples.shard(self.ranks, self.rank)
+
+
+def rank_share(columns: Sequence, dist: Distributed, seed, *, shuffle: bool, stream=0,
+               this_rank_only: bool = False) -> RankShare:
+    """This rank's share of a split's items, each item one value of each of ``columns`` (equally long tensors:
+    paths, offsets, crop numbers...).
+
+    With ``shuffle`` the items are permuted with the seed ``[seed, stream]``: the same permutation on every rank,
+    so that the shares are disjoint (``stream`` keeps apart the permutations a run draws from one seed: CosmoFlow's
+    HDF5 crops use 1).  Items are sharded, every size-th from the rank's index on, when there are at least as
+    many items as ranks; with fewer, every rank reads every item and :meth:`RankShare.samples` shards the samples.
+    ``this_rank_only``: the items are already this rank's (a staged copy): permuted, never sharded (the rank's own
+    ``stream`` then draws a permutation of its own where the application wants one).
+    """
+    columns = tuple(columns)
+    if shuffle:
+        order = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(columns[0])[0]), seed=[seed, stream])
+        columns = tuple(tf.gather(column, order) for column in columns)
+    items = tf.data.Dataset.from_tensor_slices(columns)
+    if this_rank_only:
+        return RankShare(items, True, dist.size, dist.rank)
+    items_sharded = int(columns[0].shape[0]) >= dist.size
+    if items_sharded:
+        items = items.shard(dist.size, dist.rank)
+    return RankShare(items, items_sharded, dist.size, dist.rank)
 
 
 def epoch_seed(base_seed: int, epoch: int, salt: int = 0) -> int:
@@ -184,12 +230,12 @@ class Datasets:
 
 
 def training_datasets(train: Split, validation: Split, dist: Distributed, seed: int, batch_size: int,
-                      batches: Callable[[Any, bool, int], Any], *, train_take: int | None = None,
+                      batches: Callable[[Any, bool, int, int], Any], *, train_take: int | None = None,
                       cache_validation: bool = False, key: str = "data.batch_size",
                       train_key: str | None = None) -> Datasets:
     """This rank's training epochs and validation batches of two splits.
 
-    Epoch ``e`` is ``batches(epoch_samples(train.read(dist, s, True)), True, s)`` with ``s`` the epoch's seed
+    Epoch ``e`` is ``batches(epoch_samples(train.read(dist, s, True)), True, s, batch_size)`` with ``s`` the epoch's seed
     (:func:`epoch_seed`); validation is ``batches`` of the validation split in its order, repeated (a rank
     whose share is short of the steps wraps around).  ``batch_size`` is the per-rank batch; ``train_take`` the
     training split's samples in it when the ``batches`` hook adds others (detection's unlabeled samples), its
@@ -201,7 +247,7 @@ def training_datasets(train: Split, validation: Split, dist: Distributed, seed: 
 
     def train_epoch(epoch: int):
         seed_e = epoch_seed(seed, epoch)
-        return batches(epoch_samples(train.read(dist, seed_e, True), train_steps, take), True, seed_e)
+        return batches(epoch_samples(train.read(dist, seed_e, True), train_steps, take), True, seed_e, batch_size)
 
     finders = [f for f in (train.find_bad_file, validation.find_bad_file) if f is not None]
 
@@ -213,7 +259,7 @@ def training_datasets(train: Split, validation: Split, dist: Distributed, seed: 
         return None
 
     return Datasets(train_epoch=train_epoch,
-                    validation_batches=batches(validation.read(dist, seed, False).repeat(), False, seed),
+                    validation_batches=batches(validation.read(dist, seed, False).repeat(), False, seed, batch_size),
                     steps_per_epoch=train_steps, validation_steps=validation_steps,
                     global_batch_size=global_batch_size(batch_size, dist.size), cache_validation=cache_validation,
                     skipped_files=train.skipped + validation.skipped,

@@ -1,7 +1,7 @@
 """The sample files of a split, as every application reads them: listed (:func:`list_files`), screened once over
 the ranks (:func:`screen_files`), checked all at once for a data checker (:func:`check_split_files`), read at a byte
-offset (:func:`read_at`); a reader library's error named by its file (:func:`reading`); the epoch's file shuffle
-shared by the ranks (:func:`shuffled_shards`).  Staging them to node-local storage is :mod:`common.storage.staging`."""
+offset (:func:`read_at`); a reader library's error named by its file (:func:`reading`).  A rank's share of them is
+the engine's (:func:`common.loop.epochs.rank_share`); staging them to node-local storage is :mod:`common.storage.staging`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import pathlib
 from typing import Callable
 
 import numpy as np
-
-import tensorflow as tf
 
 from common.distributed import Distributed
 from common.errors import DataError
@@ -169,24 +167,3 @@ def select_count(available: int, requested: int | None, key: str, where: str) ->
     if requested > available:
         raise DataError(f"{key}={requested} but only {available} samples are present in {where}")
     return requested
-
-
-def shuffled_shards(files: list[str], dist: Distributed, seed, shuffle: bool = True) -> tf.data.Dataset:
-    """File names permuted with ``seed`` (shared by all ranks), then sharded by rank.
-
-    Every rank draws the same permutation and keeps every size-th file from
-    its rank on, so ranks read disjoint files.  With fewer files than ranks
-    the caller must shard records instead (see :func:`shards_files`).
-    """
-    names = tf.constant(files)
-    if shuffle:
-        names = tf.random.experimental.stateless_shuffle(names, seed=[seed, 0])
-    dataset = tf.data.Dataset.from_tensor_slices(names)
-    if shards_files(len(files), dist):
-        dataset = dataset.shard(dist.size, dist.rank)
-    return dataset
-
-
-def shards_files(num_files: int, dist: Distributed) -> bool:
-    """Shard at the file level when every rank gets at least one file."""
-    return num_files >= dist.size

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from common.distributed import Distributed
 from common.errors import DataError
+from common.loop import epochs
 from common.storage.data import read_at
 from common.storage.staging import StagedFormat
 from common.storage.tfrecord import read_records
@@ -73,9 +74,8 @@ def read_samples(cfg, table, dist: Distributed, seed, layout: SampleLayout) -> t
     shape = tuple(cfg.data.sample_shape)
     voxels, n = math.prod(shape), len(layout.targets)
     sample_bytes = 2 * voxels + 4 * n
-    paths, offsets = table
-    order = tf.random.experimental.stateless_shuffle(tf.range(tf.size(paths)), seed=[seed, dist.rank])
-    samples = tf.data.Dataset.from_tensor_slices((tf.gather(paths, order), tf.gather(offsets, order)))
+    # This rank's own copies, permuted by a seed stream of the rank's own.
+    samples = epochs.rank_share(table, dist, seed, shuffle=True, stream=dist.rank, this_rank_only=True).items
 
     def load(path, offset):
         sample = read_at(path.decode(), int(offset), "u1", (sample_bytes,), "a staged sample")
