@@ -6,6 +6,11 @@ trainer does the rest: precision policy, optimizer and schedule, the
 Horovod-allreduced ``train_step``, broadcast of the initial state, resume,
 rank-averaged metrics, throughput, checkpoints, CSV/TensorBoard/MLPerf logs,
 the final ``model.keras`` and ``summary.json``.
+
+Read top to bottom: :func:`train`, then :class:`Training` (the one object its phases share), then the phases in
+the order they run (:func:`_set_up`, :func:`_start`, :func:`_fit_epochs`, :func:`_finish`), then what they call,
+in the same order; the benchmark's and the dry run's entry points (:func:`prepare_data`, :func:`prepare_run`,
+:func:`describe_model`) are among those.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from common.errors import NonFiniteLoss, Preempted, UserInputError, data_error_f
 from common.hybrid import GroupExchange
 from common.loop.callbacks import (EpochEndSync, EpochReport, LearningRateLog, RootWrite, SaveCheckpoint, Throughput,
                                   confusion_metrics, rng_variables, state_variables)
-from common.loop import attempts, epochs, records
+from common.loop import epochs, records
 from common.loop.run_folder import Claim, RunFolder
 from common.loop.mlperf import MlperfCallback, MlperfLog
 from common.loop.reliability import StepGuard, StopRequest, Watchdog
@@ -47,67 +52,244 @@ from common.training_model import TrainingModel
 log = logging.getLogger(__name__)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The run, top to bottom
+# ---------------------------------------------------------------------------------------------------------------
+
+def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str | pathlib.Path,
+          resume: bool = False, measure_peak: bool = False, force: bool = False,
+          stop_request: StopRequest | None = None, gate=None) -> dict:
+    """Train ``app`` as configured; write the run directory; return the summary.
+
+    ``cfg`` is not changed: the run resolves its own copy (the precision ``auto`` chose, a resume's per-rank
+    batch on another number of ranks), and ``config.yaml`` records that copy.
+
+    ``gate(refusal, final)``: a job of several instances (:func:`common.instances.run_instances`) is told, on
+    every rank, that this instance's claim and then its checks passed (None) or why they did not, before
+    anything is written; it raises when any instance was refused, so no instance writes.
+
+    ``force``: start afresh in a run directory of an earlier run (its checkpoints are removed) or write
+    into one that holds files the suite did not write (the run's own file names replace theirs).
+
+    Order: the run folder's checks and lock, the data's screening, the model, the checkpoint's compatibility
+    (:func:`_set_up`); only then is anything of the run written (:func:`_start`: marker, config, logs).  A
+    :class:`NonFiniteLoss` leaving here carries ``kept``: the newest checkpoint left (rank 0; None when there
+    is none)."""
+    started_unix = time.time()
+    cfg = cfg.model_copy(deep=True)
+    folder = RunFolder(app, cfg, output_dir, resume, force)
+    t = Training(app, cfg, dist, folder, measure_peak, stop_request or StopRequest(),
+                 Watchdog.for_run(cfg.train, dist.rank), gate, started_unix)
+    failed, preempted = True, False
+    try:
+        _set_up(t)
+        _start(t)
+        _fit_epochs(t)
+        summary = _finish(t)
+        failed = False
+        folder.attempt.end_with(None)
+        return summary
+    except NonFiniteLoss as exc:
+        exc.kept = checkpoint.latest_checkpoint(folder.checkpoints) if dist.is_root else None
+        folder.attempt.end_with(exc)
+        raise
+    except BaseException as exc:
+        preempted = isinstance(exc, Preempted)
+        folder.attempt.end_with(exc)
+        raise
+    finally:
+        # ending on a stop request (exit 75): a rank that stopped on another rank's signal may get its own late
+        t.stop_request.close(absorb=preempted)
+        if t.watchdog is not None:
+            t.watchdog.stop()
+        folder.close(failed)   # a run refused before it started leaves no trace of its claim
+
+
+@dataclasses.dataclass
+class Training:
+    """One training as its phases share it: what :func:`train` was given, then what each phase made."""
+
+    app: Application
+    cfg: AppConfig   # the run's own copy, resolved by the set-up (precision, a resume's per-rank batch)
+    dist: Distributed
+    folder: RunFolder   # its attempt (attempts.json) included
+    measure_peak: bool
+    stop_request: StopRequest   # the entry point's, installed before TensorFlow loaded, or one of the run's own
+    watchdog: Watchdog | None
+    gate: Any = None   # a job's (common.instances), told each instance's verdict (see train)
+    started_unix: float = 0.0
+    # _set_up
+    claim: Claim | None = None
+    run: Run | None = None
+    resumed: Resumed | None = None
+    # _start
+    mlperf_log: MlperfLog | None = None
+    peak_flops_total: float | None = None   # FLOP/s summed over ranks, None when unknown
+    # _fit_epochs
+    history: dict[str, list] = dataclasses.field(default_factory=dict)   # Keras' per-epoch values, this run's
+    throughput: Throughput | None = None
+    mlperf_callback: MlperfCallback | None = None
+
+
+def _set_up(t: Training) -> None:
+    """Every check before anything of the run is written: the folder's claim, the data, the network, the
+    checkpoint.  With a job's ``gate``, each instance's checks are gathered over the job twice: after the claims
+    (before :func:`prepare_data`, whose data preparation is a collective of the job), then before the start."""
+    refusal = None
+    try:
+        t.claim = t.folder.claim(t.dist)
+        if t.folder.resume:
+            _keep_global_batch(t)
+    except UserInputError as exc:
+        if t.gate is None:
+            raise
+        refusal = str(exc)
+    if t.gate is not None:
+        t.gate(refusal, final=False)   # raises on every rank of the job when any instance was refused
+    try:
+        configure_determinism(t.cfg, t.dist)
+        t.run = prepare_run(t.app, t.cfg, t.dist)
+        t.resumed = _load_resume_state(t)
+        if t.resumed.checkpoint is None and t.app.prepare_network is not None:
+            # a fresh start: values the network takes from the data (a resume has them in its checkpoint)
+            t.app.prepare_network(t.run.network, t.cfg, t.dist)
+    except UserInputError as exc:
+        if t.gate is None:
+            raise
+        refusal = str(exc)
+    if t.gate is not None:
+        t.gate(refusal, final=True)
+
+
+def _start(t: Training) -> None:
+    """Every check has passed: the run folder started (its attempt recorded first), the MLPerf log opened
+    (brought into line with the checkpoint), the initial state broadcast, each rank's RNG state given back,
+    the peak FLOP/s known and the MLPerf hyperparameters logged."""
+    app, cfg, dist, resumed = t.app, t.cfg, t.dist, t.resumed
+    position = resumed.position
+    if dist.is_root and resumed.checkpoint is not None and position[0] >= cfg.train.epochs:
+        log.warning(f"{resumed.checkpoint} has completed {position[0]} epoch(s) and train.epochs is "
+                    f"{cfg.train.epochs}: nothing is left to train; model.keras gets the checkpoint's weights "
+                    "(raise train.epochs to train on)")
+    t.folder.start(dist, resumed.history, position, resumed.optimizer_step, resumed.checkpoint, t.watchdog)
+    t.mlperf_log = MlperfLog(t.claim.mlperf_path, enabled=t.claim.mlperf_path is not None and dist.is_root)
+    if t.mlperf_log.enabled and resumed.checkpoint is not None:
+        t.mlperf_log.reconcile(resumed.history, resumed.checkpoint, *position, app.mlperf.metric_key,
+                               app.mlperf.logs_key)
+    if t.mlperf_log.enabled:
+        t.mlperf_log.start("init_start", time_ms=int(t.started_unix * 1000))
+        t.mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
+    dist.broadcast_variables(state_variables(t.run.model) + t.run.optimizer.variables)
+    _restore_rng(t.run.model, resumed.rng_states, dist)
+    if t.measure_peak:
+        t.peak_flops_total = measure_peak_flops(cfg, dist)
+    elif cfg.train.peak_tflops:
+        t.peak_flops_total = cfg.train.peak_tflops * 1e12 * dist.size
+    if t.mlperf_log.enabled:
+        _log_mlperf_hyperparameters(t)
+
+
+def _fit_epochs(t: Training) -> None:
+    """The epochs from the resumed position to ``train.epochs``, into ``t.history``."""
+    cfg, dist, run = t.cfg, t.dist, t.run
+    datasets, network, model = run.datasets, run.network, run.model
+    callbacks, saver = _epoch_callbacks(t)
+    over = f" over {dist.controller}" if dist.controller else ""
+    log.info(f"{t.app.name}: {dist.size} rank(s) [{dist.backend}]{over}, global batch {run.global_batch_size}, "
+             f"{datasets.steps_per_epoch} steps/epoch, {datasets.train_samples} training and "
+             f"{datasets.validation_samples} validation samples/epoch, {network.count_params():,} parameters, "
+             f"{run.forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
+             f"peak LR {run.peak_learning_rate:.4g}")
+    log.info(f"cpu: {cpu.one_line()}")
+    try:
+        for start_epoch, end_epoch, skip_steps in epochs.fit_phases(t.resumed.position, cfg.train.epochs):
+            guard = StepGuard(model.step_signals, t.stop_request, saver.save, t.watchdog,
+                              loss_scaled=precision.needs_loss_scaling(cfg.train.precision),
+                              max_nonfinite_steps=cfg.train.max_nonfinite_steps, first_step_offset=skip_steps)
+            fit_history = model.fit(
+                datasets.train_stream(start_epoch, end_epoch, skip_steps), epochs=end_epoch, initial_epoch=start_epoch,
+                steps_per_epoch=datasets.steps_per_epoch - skip_steps, validation_data=datasets.validation,
+                validation_steps=datasets.validation_steps if datasets.validation is not None else None,
+                callbacks=callbacks + [guard], verbose=_verbosity(dist), shuffle=False)
+            for key, values in fit_history.history.items():
+                t.history.setdefault(key, []).extend(values)
+    except (Preempted, NonFiniteLoss):
+        _finish_mlperf(t.mlperf_callback, aborted=True)
+        raise
+    except tf.errors.OpError as exc:
+        # A reader's DataError raised inside tf.data arrives wrapped in a TF error: unwrap it (exit 2); a
+        # corrupt record or a broken GZIP stream is looked for in this rank's files, to name the file.
+        _finish_mlperf(t.mlperf_callback, aborted=True)
+        data_error = data_error_from_pipeline(exc) or datasets.diagnose(exc)
+        if data_error is not None:
+            raise data_error from None
+        raise
+    _finish_mlperf(t.mlperf_callback)
+    if datasets.skipped_files and dist.is_root:   # the same list on every rank
+        log.warning(f"skipped {len(datasets.skipped_files)} bad file(s) (data.on_bad_file: skip); see above")
+
+
+def _finish(t: Training) -> dict:
+    """Precise batch norm (when asked), the final weights checked finite, then rank 0 writes ``model.keras``
+    and ``summary.json`` (which the other ranks watch for: :class:`RootWrite`'s limits); the summary."""
+    folder, watchdog, network = t.folder, t.watchdog, t.run.network
+    precise_bn = None
+    if t.cfg.train.precise_bn_batches and t.history.get("loss"):
+        if watchdog is not None:
+            watchdog.phase("saving", "precise batch norm")
+        precise_bn = _precise_batch_norm(t)
+    if watchdog is not None:
+        watchdog.phase("training", "the final weights and summary")
+    with RootWrite(t.dist, watchdog, folder.path / "summary.json") as final_write:
+        _check_final_weights(network, t.dist)
+        summary = _summary(t, precise_bn)
+
+        def write_model_and_summary():
+            _atomic_save_model(network, folder.path / "model.keras", force=folder.force)
+            outputs.write_json(folder.path / "summary.json", summary, f"{t.app.name}.train", force=folder.force)
+
+        final_write.run(write_model_and_summary, "writing model.keras and summary.json")
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Set-up: every check, nothing written
+# ---------------------------------------------------------------------------------------------------------------
+
+def _keep_global_batch(t: Training) -> None:
+    """A resume on another number of ranks (a job requeued without its lost node, or resubmitted on more)
+    keeps the checkpoint's global batch: ``data.batch_size`` becomes its global batch over this run's ranks,
+    so the position and the learning-rate schedule, which count steps of that batch, go on where they
+    stopped.  A global batch the ranks cannot share is a one-line refusal (exit 2) saying what to set."""
+    cfg, dist, latest = t.cfg, t.dist, t.claim.latest
+    verdict: int | str | None = None
+    if dist.is_root and latest is not None:
+        newest = (checkpoint.read_state(path) for path in reversed(checkpoint.list_checkpoints(latest.parent)))
+        state = next((found for found in newest if found is not None), None)   # the newest readable record only
+        saved, ranks_then = (state or {}).get("global_batch_size"), (state or {}).get("ranks")
+        if saved and ranks_then and ranks_then != dist.size and saved != epochs.global_batch_size(cfg.data.batch_size, dist.size):
+            if saved % dist.size:
+                verdict = (f"{latest.parent}: the checkpoint was written by {ranks_then} rank(s) with global "
+                           f"batch {saved}, which {dist.size} rank(s) cannot share evenly; not resumed: run on a "
+                           f"number of ranks that divides {saved}, or start afresh (--force, or another "
+                           "--output-dir) with a data.batch_size for these ranks")
+            else:
+                verdict = saved // dist.size
+                log.warning(f"resuming on {dist.size} rank(s) a run checkpointed on {ranks_then}: data.batch_size "
+                            f"{cfg.data.batch_size} -> {verdict} per rank keeps the global batch {saved} (and with "
+                            "it the position and the learning-rate schedule)")
+    verdict = dist.broadcast_object(verdict)
+    if isinstance(verdict, str):
+        raise UserInputError(verdict)
+    if verdict is not None:
+        cfg.data.batch_size = verdict
+
+
 def configure_determinism(cfg: AppConfig, dist: Distributed) -> None:
     """Seeds (per rank, so dropout differs) and, when asked, TF op determinism."""
     keras.utils.set_random_seed(cfg.train.seed + dist.rank)
     if cfg.train.deterministic:
         tf.config.experimental.enable_op_determinism()
-
-
-def describe_model(app: Application, cfg: AppConfig, ranks: int) -> dict:
-    """What ``--dry-run`` prints: the model built from the config, without data.  ``cfg`` and Keras' global
-    dtype policy are left as they were (the model is built from a copy with the precision resolved)."""
-    cfg = cfg.model_copy(deep=True)
-    cfg.train.precision = precision.resolve(cfg.train.precision)
-    previous_policy = keras.config.dtype_policy()
-    precision.set_precision(cfg.train.precision)
-    try:
-        network = app.build_model(cfg)
-    finally:
-        keras.config.set_dtype_policy(previous_policy)
-    flops = forward_flops_per_sample(network)
-    return {
-        "app": app.name,
-        "model": network.name,
-        "parameters": int(network.count_params()),
-        "forward_flops_per_sample": int(flops),
-        "forward_gflops_per_sample": round(flops / 1e9, 2),
-        "training_flops_per_sample": int(TRAINING_FLOPS_FACTOR * flops),
-        "flop_convention": FLOP_CONVENTION,
-        "global_batch_size": epochs.global_batch_size(cfg.data.batch_size, ranks),
-        "ranks": ranks,
-        "precision": cfg.train.precision,
-        "input_shape": list(network.input_shape[1:]),
-    }
-
-
-def measure_peak_flops(cfg: AppConfig, dist: Distributed) -> float:
-    """Matmul FLOP/s of every rank's device at the run's compute dtype, summed over ranks."""
-    dtype = precision.compute_dtype(cfg.train.precision)
-    per_rank = measure_matmul_flops(dtype)
-    total = float(dist.sum_array(np.array([per_rank]))[0])
-    log.info(f"measured peak: {per_rank / 1e12:.3f} TFLOP/s per rank ({dtype} matmul), "
-             f"{total / 1e12:.3f} TFLOP/s over {dist.size} ranks")
-    return total
-
-
-def _atomic_save_model(network: keras.Model, path: pathlib.Path, force: bool = False) -> None:
-    with outputs.atomic_path(path, force=force, suffix=".keras") as temporary:
-        plain_keras(network).save(temporary)  # loads with Keras alone
-
-
-@dataclasses.dataclass
-class Run:
-    """A run set up by :func:`prepare_run`: its data, network and compiled training model."""
-
-    datasets: Datasets
-    network: keras.Model
-    model: TrainingModel
-    optimizer: keras.optimizers.Optimizer
-    schedule: Any
-    forward_flops: int
-    global_batch_size: int
-    peak_learning_rate: float
 
 
 def prepare_data(app: Application, cfg: AppConfig, dist: Distributed, check_device: bool = True) -> Datasets:
@@ -139,6 +321,20 @@ def prepare_data(app: Application, cfg: AppConfig, dist: Distributed, check_devi
     return app.build_datasets(cfg, dist)
 
 
+@dataclasses.dataclass
+class Run:
+    """A run set up by :func:`prepare_run`: its data, network and compiled training model."""
+
+    datasets: Datasets
+    network: keras.Model
+    model: TrainingModel
+    optimizer: keras.optimizers.Optimizer
+    schedule: Any
+    forward_flops: int
+    global_batch_size: int
+    peak_learning_rate: float
+
+
 def prepare_run(app: Application, cfg: AppConfig, dist: Distributed, datasets: Datasets | None = None) -> Run:
     """The one set-up of the trainer and the benchmark: data (:func:`prepare_data`, unless given), network,
     schedule, optimizer and the compiled :class:`TrainingModel`.  Nothing broadcast yet: a run restores its
@@ -168,42 +364,6 @@ def prepare_run(app: Application, cfg: AppConfig, dist: Distributed, datasets: D
                peak_lr)
 
 
-def _resume_record(cfg: AppConfig, run: Run) -> dict:
-    """What a checkpoint records for a resume to match (:data:`common.storage.checkpoint.RESUME_KEYS`)."""
-    opt = cfg.optimizer
-    return {"global_batch_size": run.global_batch_size, "steps_per_epoch": run.datasets.steps_per_epoch,
-            "precision": cfg.train.precision, "optimizer": opt.name + ("+larc" if opt.larc.enabled else ""),
-            "model": {**cfg.model.model_dump(mode="json"), **network_data_record(cfg)}}
-
-
-def _keep_global_batch(cfg: AppConfig, dist: Distributed, claim: Claim) -> None:
-    """A resume on another number of ranks (a job requeued without its lost node, or resubmitted on more)
-    keeps the checkpoint's global batch: ``data.batch_size`` becomes its global batch over this run's ranks,
-    so the position and the learning-rate schedule, which count steps of that batch, go on where they
-    stopped.  A global batch the ranks cannot share is a one-line refusal (exit 2) saying what to set."""
-    verdict: int | str | None = None
-    if dist.is_root and claim.latest is not None:
-        newest = (checkpoint.read_state(path) for path in reversed(checkpoint.list_checkpoints(claim.latest.parent)))
-        state = next((found for found in newest if found is not None), None)   # the newest readable record only
-        saved, ranks_then = (state or {}).get("global_batch_size"), (state or {}).get("ranks")
-        if saved and ranks_then and ranks_then != dist.size and saved != epochs.global_batch_size(cfg.data.batch_size, dist.size):
-            if saved % dist.size:
-                verdict = (f"{claim.latest.parent}: the checkpoint was written by {ranks_then} rank(s) with global "
-                           f"batch {saved}, which {dist.size} rank(s) cannot share evenly; not resumed: run on a "
-                           f"number of ranks that divides {saved}, or start afresh (--force, or another "
-                           "--output-dir) with a data.batch_size for these ranks")
-            else:
-                verdict = saved // dist.size
-                log.warning(f"resuming on {dist.size} rank(s) a run checkpointed on {ranks_then}: data.batch_size "
-                            f"{cfg.data.batch_size} -> {verdict} per rank keeps the global batch {saved} (and with "
-                            "it the position and the learning-rate schedule)")
-    verdict = dist.broadcast_object(verdict)
-    if isinstance(verdict, str):
-        raise UserInputError(verdict)
-    if verdict is not None:
-        cfg.data.batch_size = verdict
-
-
 @dataclasses.dataclass
 class Resumed:
     """Where a run starts: (epochs completed, steps into the next), each rank's RNG states, the rows of the
@@ -217,18 +377,20 @@ class Resumed:
     optimizer_step: int = 0
 
 
-def _load_resume_state(run: Run, cfg: AppConfig, dist: Distributed, claim: Claim, resume: bool) -> Resumed:
+def _load_resume_state(t: Training) -> Resumed:
     """Rank 0 reads the newest checkpoint that reads back whole (falling back past corrupt ones, each named)
     and checks that it fits this run, then assigns it; every rank gets the :class:`Resumed` state, or the same
     one-line refusal.  Before anything of the run is written."""
+    dist, run, latest = t.dist, t.run, t.claim.latest
+    resume = t.folder.resume
     verdict: Resumed | str = Resumed()
-    if dist.is_root and resume and claim.latest is not None:
+    if dist.is_root and resume and latest is not None:
         try:
-            found = checkpoint.newest_readable(claim.latest.parent)
+            found = checkpoint.newest_readable(latest.parent)
             if found is not None:
                 path, state, arrays = found
                 checkpoint.check_compatible(path, state, arrays, state_variables(run.model), run.optimizer.variables,
-                                            _resume_record(cfg, run))
+                                            _resume_record(t))
                 rng_states = checkpoint.assign_checkpoint(state, arrays, state_variables(run.model),
                                                           run.optimizer.variables)
                 position = (int(state["epoch"]), int(state.get("step_in_epoch", 0)))
@@ -249,279 +411,99 @@ def _load_resume_state(run: Run, cfg: AppConfig, dist: Distributed, claim: Claim
     return verdict
 
 
-def _check_final_weights(network: keras.Model, dist: Distributed) -> None:
-    """Every rank: the trained network's weights are finite (summed over ranks), or :class:`NonFiniteLoss`
-    before ``model.keras`` is written."""
-    bad = checkpoint.nonfinite_arrays([np.asarray(v) for v in network.weights])
-    if int(dist.sum_array(np.array([len(bad)], np.int64))[0]):
-        first = network.weights[bad[0]].path if bad else "on another rank"
-        raise NonFiniteLoss(f"the trained network's weights hold NaN or Inf ({len(bad)} array(s) here, first: "
-                            f"{first}); model.keras not written")
+def _resume_record(t: Training) -> dict:
+    """What a checkpoint records for a resume to match (:data:`common.storage.checkpoint.RESUME_KEYS`)."""
+    cfg, opt = t.cfg, t.cfg.optimizer
+    return {"global_batch_size": t.run.global_batch_size, "steps_per_epoch": t.run.datasets.steps_per_epoch,
+            "precision": cfg.train.precision, "optimizer": opt.name + ("+larc" if opt.larc.enabled else ""),
+            "model": {**cfg.model.model_dump(mode="json"), **network_data_record(cfg)}}
 
 
-@dataclasses.dataclass
-class Session:
-    """How one training runs, beside its config: from the entry point (``measure_peak``, the stop request
-    installed before TensorFlow loaded, a job's ``gate``) and from :func:`train` (the watchdog, the attempt's
-    record, the start time)."""
+# ---------------------------------------------------------------------------------------------------------------
+# Start: the state every rank begins from
+# ---------------------------------------------------------------------------------------------------------------
 
-    measure_peak: bool
-    stop_request: StopRequest
-    watchdog: Watchdog | None
-    attempt: attempts.Attempt
-    gate: Any = None
-    started: float = 0.0
-
-
-def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str | pathlib.Path,
-          resume: bool = False, measure_peak: bool = False, force: bool = False,
-          stop_request: StopRequest | None = None, gate=None) -> dict:
-    """Train ``app`` as configured; write the run directory; return the summary.
-
-    ``cfg`` is not changed: the run resolves its own copy (the precision ``auto`` chose, a resume's per-rank
-    batch on another number of ranks), and ``config.yaml`` records that copy.
-
-    ``gate(refusal, final)``: a job of several instances (:func:`common.instances.run_instances`) is told, on
-    every rank, that this instance's claim and then its checks passed (None) or why they did not, before
-    anything is written; it raises when any instance was refused, so no instance writes.
-
-    ``force``: start afresh in a run directory of an earlier run (its checkpoints are removed) or write
-    into one that holds files the suite did not write (the run's own file names replace theirs).
-
-    Order (:func:`_train`): the run folder's checks and lock, the data's screening, the model, the
-    checkpoint's compatibility; only then is anything of the run written (marker, config, logs).  A
-    :class:`NonFiniteLoss` leaving here carries ``kept``: the newest checkpoint left (rank 0; None when there
-    is none)."""
-    started = time.time()
-    cfg = cfg.model_copy(deep=True)
-    folder = RunFolder(app, cfg, output_dir, resume, force)
-    watchdog = Watchdog.for_run(cfg.train, dist.rank)
-    # stop_request: the entry point's, installed before TensorFlow loaded
-    session = Session(measure_peak, stop_request or StopRequest(), watchdog,
-                      attempts.Attempt(folder.path, f"{app.name}.train", force), gate, started)
-    failed, preempted = True, False
-    try:
-        summary = _train(app, cfg, dist, folder, session)
-        failed = False
-        session.attempt.end_with(None)
-        return summary
-    except NonFiniteLoss as exc:
-        exc.kept = checkpoint.latest_checkpoint(folder.checkpoints) if dist.is_root else None
-        session.attempt.end_with(exc)
-        raise
-    except BaseException as exc:
-        preempted = isinstance(exc, Preempted)
-        session.attempt.end_with(exc)
-        raise
-    finally:
-        # ending on a stop request (exit 75): a rank that stopped on another rank's signal may get its own late
-        session.stop_request.close(absorb=preempted)
-        if watchdog is not None:
-            watchdog.stop()
-        folder.close(failed)   # a run refused before it started leaves no trace of its claim
+def _restore_rng(model, rng_states: list, dist: Distributed) -> None:
+    """Give each rank back its own dropout RNG state from the checkpoint."""
+    if not rng_states:
+        return
+    variables = rng_variables(model)
+    if len(rng_states) != dist.size or len(rng_states[dist.rank]) != len(variables):
+        if dist.is_root:
+            log.warning(f"the checkpoint holds RNG states of {len(rng_states)} rank(s); this run has "
+                        f"{dist.size}: dropout streams start afresh")
+        return
+    for variable, value in zip(variables, rng_states[dist.rank]):
+        variable.assign(value)
 
 
-def _train(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, session: Session) -> dict:
-    """The run, top to bottom: set-up (every check, nothing written), start (the folder written), the epochs,
-    the finish (model.keras and summary.json)."""
-    run, claim, resumed = _set_up(app, cfg, dist, folder, session.gate)
-    mlperf_log = _start(app, cfg, dist, folder, session, run, claim, resumed)
-    peak_flops_total = None
-    if session.measure_peak:
-        peak_flops_total = measure_peak_flops(cfg, dist)
-    elif cfg.train.peak_tflops:
-        peak_flops_total = cfg.train.peak_tflops * 1e12 * dist.size
-    if mlperf_log.enabled:
-        _log_mlperf_hyperparameters(mlperf_log, app, cfg, run.datasets, run.global_batch_size, run.peak_learning_rate,
-                                    run.schedule)
-    history, throughput, mlperf_callback = _fit_epochs(app, cfg, dist, folder, session, run, resumed, mlperf_log,
-                                                       peak_flops_total)
-    return _finish(app, cfg, dist, folder, session, run, resumed, history, throughput, mlperf_callback,
-                   peak_flops_total)
+def measure_peak_flops(cfg: AppConfig, dist: Distributed) -> float:
+    """Matmul FLOP/s of every rank's device at the run's compute dtype, summed over ranks."""
+    dtype = precision.compute_dtype(cfg.train.precision)
+    per_rank = measure_matmul_flops(dtype)
+    total = float(dist.sum_array(np.array([per_rank]))[0])
+    log.info(f"measured peak: {per_rank / 1e12:.3f} TFLOP/s per rank ({dtype} matmul), "
+             f"{total / 1e12:.3f} TFLOP/s over {dist.size} ranks")
+    return total
 
 
-def _set_up(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, gate) -> tuple[Run, Claim, Resumed]:
-    """Every check before anything of the run is written: the folder's claim, the data, the network, the
-    checkpoint.  With a job's ``gate``, each instance's checks are gathered over the job twice: after the claims
-    (before :func:`prepare_data`, whose data preparation is a collective of the job), then before the start."""
-    refusal = None
-    try:
-        claim = folder.claim(dist)
-        if folder.resume:
-            _keep_global_batch(cfg, dist, claim)
-    except UserInputError as exc:
-        if gate is None:
-            raise
-        refusal = str(exc)
-    if gate is not None:
-        gate(refusal, final=False)   # raises on every rank of the job when any instance was refused
-    try:
-        configure_determinism(cfg, dist)
-        datasets = prepare_data(app, cfg, dist)
-        run = prepare_run(app, cfg, dist, datasets)
-        resumed = _load_resume_state(run, cfg, dist, claim, folder.resume)
-        if resumed.checkpoint is None and app.prepare_network is not None:
-            # a fresh start: values the network takes from the data (a resume has them in its checkpoint)
-            app.prepare_network(run.network, cfg, dist)
-    except UserInputError as exc:
-        if gate is None:
-            raise
-        refusal = str(exc)
-    if gate is not None:
-        gate(refusal, final=True)
-    return run, claim, resumed
+def _log_mlperf_hyperparameters(t: Training) -> None:
+    cfg, run = t.cfg, t.run
+    opt = cfg.optimizer
+    schedule = opt.schedule
+    warmup_epochs = schedule.warmup_epochs or (schedule.warmup_steps / run.datasets.steps_per_epoch)
+    events = {
+        "global_batch_size": run.global_batch_size,
+        "train_samples": run.datasets.train_samples,
+        "eval_samples": run.datasets.validation_samples,
+        "gradient_accumulation_steps": 1,
+        "opt_name": opt.name,
+        "opt_base_learning_rate": opt.learning_rate,
+        "opt_learning_rate_warmup_epochs": warmup_epochs,
+        "opt_learning_rate_warmup_factor": run.peak_learning_rate / opt.learning_rate,
+        "opt_learning_rate_decay_boundary_epochs": sorted(schedule.decay_boundaries),
+        "opt_learning_rate_decay_factor": [schedule.decay_boundaries[k] for k in sorted(schedule.decay_boundaries)],
+        "opt_weight_decay": opt.weight_decay,
+    }
+    if t.app.mlperf.hyperparameters is not None:
+        events.update(t.app.mlperf.hyperparameters(cfg, run.schedule))
+    for key, value in events.items():
+        t.mlperf_log.event(key, value)
 
 
-def _start(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, session: Session, run: Run,
-           claim: Claim, resumed: Resumed) -> MlperfLog:
-    """Every check has passed: the attempt recorded, the run folder started, the MLPerf log opened (brought
-    into line with the checkpoint), the initial state broadcast and each rank's RNG state given back."""
-    position = resumed.position
-    if dist.is_root and resumed.checkpoint is not None and position[0] >= cfg.train.epochs:
-        log.warning(f"{resumed.checkpoint} has completed {position[0]} epoch(s) and train.epochs is "
-                    f"{cfg.train.epochs}: nothing is left to train; model.keras gets the checkpoint's weights "
-                    "(raise train.epochs to train on)")
-    folder.started = True   # from here on, a failure leaves what the run wrote (the claim is not undone)
-    if dist.is_root:
-        # first: a crash from here on leaves its trace
-        session.attempt.begin(folder.resume, dist.size, resumed.checkpoint)
-        if session.watchdog is not None:
-            session.watchdog.at_expiry(lambda message: session.attempt.end("hung", message))
-    folder.start(cfg, resumed.history, position, resumed.optimizer_step, resumed.checkpoint, dist)
-    mlperf_log = MlperfLog(claim.mlperf_path, enabled=claim.mlperf_path is not None and dist.is_root)
-    if mlperf_log.enabled and resumed.checkpoint is not None:
-        mlperf_log.reconcile(resumed.history, resumed.checkpoint, *position, app.mlperf.metric_key,
-                             app.mlperf.logs_key)
-    if mlperf_log.enabled:
-        mlperf_log.start("init_start", time_ms=int(session.started * 1000))
-        mlperf_log.submission(cfg.mlperf, app.mlperf.benchmark, dist.num_nodes)
-    dist.broadcast_variables(state_variables(run.model) + run.optimizer.variables)
-    _restore_rng(run.model, resumed.rng_states, dist)
-    return mlperf_log
+# ---------------------------------------------------------------------------------------------------------------
+# The epochs
+# ---------------------------------------------------------------------------------------------------------------
 
-
-def _fit_epochs(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, session: Session, run: Run,
-                resumed: Resumed, mlperf_log: MlperfLog, peak_flops_total) -> tuple[dict, Throughput, Any]:
-    """The epochs from the resumed position to ``train.epochs``: (Keras' history, the throughput callback,
-    the MLPerf callback or None)."""
-    datasets, network, model, watchdog = run.datasets, run.network, run.model, session.watchdog
-    throughput = Throughput(run.global_batch_size, run.forward_flops, peak_flops_total,
-                            cfg.train.throughput_warmup_steps)
-    saver = SaveCheckpoint(folder.checkpoints, dist, keep=cfg.train.keep_checkpoints, watchdog=watchdog,
-                           resume_record=_resume_record(cfg, run), history=resumed.history)
+def _epoch_callbacks(t: Training) -> tuple[list[keras.callbacks.Callback], SaveCheckpoint]:
+    """The callbacks of every epoch, in the order :func:`check_callback_order` holds them to, and the
+    checkpoint saver among them (a stop saves through it); ``t.throughput`` and ``t.mlperf_callback`` set."""
+    cfg, dist, run, folder = t.cfg, t.dist, t.run, t.folder
+    t.throughput = Throughput(run.global_batch_size, run.forward_flops, t.peak_flops_total,
+                              cfg.train.throughput_warmup_steps)
+    saver = SaveCheckpoint(folder.checkpoints, dist, keep=cfg.train.keep_checkpoints, watchdog=t.watchdog,
+                           resume_record=_resume_record(t), history=t.resumed.history)
     # Keras calls callbacks in list order: what measures, then the one synchronisation over ranks, then
     # what writes: first the checkpoint, which commits the epoch (every rank takes part), then the records,
     # rank 0's (common/loop/records.py: a resume reconciles them with the checkpoint).
-    callbacks: list[keras.callbacks.Callback] = [throughput, LearningRateLog()]
+    callbacks: list[keras.callbacks.Callback] = [t.throughput, LearningRateLog()]
     if dist.groups > 1:
-        callbacks.append(GroupExchange(dist, model.step_signals, cfg.distributed.exchange_every))
+        callbacks.append(GroupExchange(dist, run.model.step_signals, cfg.distributed.exchange_every))
     callbacks += [EpochEndSync(dist), saver]
-    mlperf_callback = None
     if dist.is_root:
         callbacks.append(records.HistoryCsv(folder.path / records.HISTORY_CSV, saver))
         if cfg.train.tensorboard:
             callbacks.append(keras.callbacks.TensorBoard(str(folder.path / "tensorboard"), write_graph=False,
                                                          profile_batch=0))
-        if mlperf_log.enabled:
-            mlperf_callback = MlperfCallback(mlperf_log, app.mlperf.metric_key, app.mlperf.logs_key,
-                                             app.mlperf.target, app.mlperf.higher_is_better)
-            mlperf_callback.restore(resumed.history)
-            callbacks.append(mlperf_callback)
+        if t.mlperf_log.enabled:
+            mlperf = t.app.mlperf
+            t.mlperf_callback = MlperfCallback(t.mlperf_log, mlperf.metric_key, mlperf.logs_key, mlperf.target,
+                                               mlperf.higher_is_better)
+            t.mlperf_callback.restore(t.resumed.history)
+            callbacks.append(t.mlperf_callback)
         callbacks.append(EpochReport(cfg.train.epochs))
     check_callback_order(callbacks)
-    over = f" over {dist.controller}" if dist.controller else ""
-    log.info(f"{app.name}: {dist.size} rank(s) [{dist.backend}]{over}, global batch {run.global_batch_size}, "
-             f"{datasets.steps_per_epoch} steps/epoch, {datasets.train_samples} training and "
-             f"{datasets.validation_samples} validation samples/epoch, {network.count_params():,} parameters, "
-             f"{run.forward_flops / 1e9:.3f} GFLOP forward/sample, precision {cfg.train.precision}, "
-             f"peak LR {run.peak_learning_rate:.4g}")
-    log.info(f"cpu: {cpu.one_line()}")
-
-    history: dict[str, list] = {}
-    try:
-        for start_epoch, end_epoch, skip_steps in epochs.fit_phases(resumed.position, cfg.train.epochs):
-            guard = StepGuard(model.step_signals, session.stop_request, saver.save, watchdog,
-                              loss_scaled=precision.needs_loss_scaling(cfg.train.precision),
-                              max_nonfinite_steps=cfg.train.max_nonfinite_steps, first_step_offset=skip_steps)
-            fit_history = model.fit(
-                datasets.train_stream(start_epoch, end_epoch, skip_steps), epochs=end_epoch, initial_epoch=start_epoch,
-                steps_per_epoch=datasets.steps_per_epoch - skip_steps, validation_data=datasets.validation,
-                validation_steps=datasets.validation_steps if datasets.validation is not None else None,
-                callbacks=callbacks + [guard], verbose=_verbosity(dist), shuffle=False)
-            for key, values in fit_history.history.items():
-                history.setdefault(key, []).extend(values)
-    except (Preempted, NonFiniteLoss):
-        _finish_mlperf(mlperf_callback, aborted=True)
-        raise
-    except tf.errors.OpError as exc:
-        # A reader's DataError raised inside tf.data arrives wrapped in a TF error: unwrap it (exit 2); a
-        # corrupt record or a broken GZIP stream is looked for in this rank's files, to name the file.
-        _finish_mlperf(mlperf_callback, aborted=True)
-        data_error = data_error_from_pipeline(exc) or datasets.diagnose(exc)
-        if data_error is not None:
-            raise data_error from None
-        raise
-    _finish_mlperf(mlperf_callback)
-    if datasets.skipped_files and dist.is_root:   # the same list on every rank
-        log.warning(f"skipped {len(datasets.skipped_files)} bad file(s) (data.on_bad_file: skip); see above")
-    return history, throughput, mlperf_callback
-
-
-def _finish(app: Application, cfg: AppConfig, dist: Distributed, folder: RunFolder, session: Session, run: Run,
-            resumed: Resumed, history: dict, throughput: Throughput, mlperf_callback, peak_flops_total) -> dict:
-    """Precise batch norm (when asked), the final weights checked finite, then rank 0 writes ``model.keras``
-    and ``summary.json`` (which the other ranks watch for: :class:`RootWrite`'s limits)."""
-    watchdog, network = session.watchdog, run.network
-    precise_bn = None
-    if cfg.train.precise_bn_batches and history.get("loss"):
-        if watchdog is not None:
-            watchdog.phase("saving", "precise batch norm")
-        precise_bn = _precise_batch_norm(run.model, run.datasets, cfg, dist, history)
-    if watchdog is not None:
-        watchdog.phase("training", "the final weights and summary")
-    with RootWrite(dist, watchdog, folder.path / "summary.json") as final_write:
-        _check_final_weights(network, dist)
-        summary = _summary(app, cfg, dist, run, history, peak_flops_total, time.time() - session.started,
-                           resumed.position[0], mlperf_callback)
-        summary["started_unix"] = session.started
-        summary["step_time_s"] = step_time_summary(throughput.step_times)
-        if precise_bn is not None:
-            summary["precise_bn"] = precise_bn
-        if session.attempt.number is not None:   # rank 0
-            summary["attempt"] = session.attempt.number
-            summary["previous_attempts"] = session.attempt.previous
-
-        def write_model_and_summary():
-            _atomic_save_model(network, folder.path / "model.keras", force=folder.force)
-            outputs.write_json(folder.path / "summary.json", summary, f"{app.name}.train", force=folder.force)
-
-        final_write.run(write_model_and_summary, "writing model.keras and summary.json")
-    return summary
-
-def _precise_batch_norm(model: TrainingModel, datasets: Datasets, cfg: AppConfig, dist: Distributed,
-                        history: dict) -> dict | None:
-    """Batch-norm statistics re-estimated with the final weights (``train.precise_bn_batches``), then the
-    validation rerun: both validations (the last epoch's, with the moving averages, and this one) for the
-    summary.  The checkpoints keep the moving averages (a resumed run continues them); ``model.keras`` gets
-    the re-estimated statistics."""
-    started = time.time()
-    if not batch_norm.batch_norm_layers(model.network):   # the same answer on every rank
-        log.warning("train.precise_bn_batches: the network has no batch-norm layer; nothing re-estimated")
-        return None
-    used = batch_norm.reestimate(model.network, datasets.train_epoch(cfg.train.epochs),
-                                 cfg.train.precise_bn_batches, dist)
-    before = {k: float(v[-1]) for k, v in history.items() if k.startswith("val_") and v}
-    after = {}
-    if datasets.validation is not None:
-        results = model.evaluate(datasets.validation, steps=datasets.validation_steps, return_dict=True, verbose=0)
-        after = {f"val_{k}": float(v) for k, v in results.items() if np.ndim(v) == 0}
-        EpochEndSync(dist).write_pooled_validation(after, confusion_metrics(model))
-        after = dist.average_scalars(after)
-    shown = ", ".join(f"{k} {before[k]:.4g} -> {after[k]:.4g}" for k in sorted(after) if k in before)
-    log.info(f"precise batch norm: statistics over {used} training batches/rank with the final weights "
-             f"({time.time() - started:.0f} s): {shown}")
-    return {"batches_per_rank": used, "samples": used * datasets.global_batch_size,
-            "validation_moving_averages": before, "validation_precise": after}
+    return callbacks, saver
 
 
 def check_callback_order(callbacks: list) -> None:
@@ -547,29 +529,56 @@ def _verbosity(dist: Distributed) -> int:
     return (1 if sys.stdout.isatty() else 0) if dist.is_root else 0
 
 
-def _restore_rng(model, rng_states: list, dist: Distributed) -> None:
-    """Give each rank back its own dropout RNG state from the checkpoint."""
-    if not rng_states:
-        return
-    variables = rng_variables(model)
-    if len(rng_states) != dist.size or len(rng_states[dist.rank]) != len(variables):
-        if dist.is_root:
-            log.warning(f"the checkpoint holds RNG states of {len(rng_states)} rank(s); this run has "
-                        f"{dist.size}: dropout streams start afresh")
-        return
-    for variable, value in zip(variables, rng_states[dist.rank]):
-        variable.assign(value)
-
-
 def _finish_mlperf(mlperf_callback, aborted: bool = False) -> None:
     if mlperf_callback is not None:
         mlperf_callback.finish(aborted=aborted)
 
 
-def _summary(app: Application, cfg: AppConfig, dist: Distributed, run: Run, history: dict, peak_flops_total,
-             wall_time_s: float, initial_epoch: int, mlperf_callback) -> dict:
-    """summary.json: what ran, how fast, and the last epoch's metrics."""
+# ---------------------------------------------------------------------------------------------------------------
+# The finish: model.keras and summary.json
+# ---------------------------------------------------------------------------------------------------------------
+
+def _precise_batch_norm(t: Training) -> dict | None:
+    """Batch-norm statistics re-estimated with the final weights (``train.precise_bn_batches``), then the
+    validation rerun: both validations (the last epoch's, with the moving averages, and this one) for the
+    summary.  The checkpoints keep the moving averages (a resumed run continues them); ``model.keras`` gets
+    the re-estimated statistics."""
+    cfg, dist, model, datasets = t.cfg, t.dist, t.run.model, t.run.datasets
+    started = time.time()
+    if not batch_norm.batch_norm_layers(model.network):   # the same answer on every rank
+        log.warning("train.precise_bn_batches: the network has no batch-norm layer; nothing re-estimated")
+        return None
+    used = batch_norm.reestimate(model.network, datasets.train_epoch(cfg.train.epochs),
+                                 cfg.train.precise_bn_batches, dist)
+    before = {k: float(v[-1]) for k, v in t.history.items() if k.startswith("val_") and v}
+    after = {}
+    if datasets.validation is not None:
+        results = model.evaluate(datasets.validation, steps=datasets.validation_steps, return_dict=True, verbose=0)
+        after = {f"val_{k}": float(v) for k, v in results.items() if np.ndim(v) == 0}
+        EpochEndSync(dist).write_pooled_validation(after, confusion_metrics(model))
+        after = dist.average_scalars(after)
+    shown = ", ".join(f"{k} {before[k]:.4g} -> {after[k]:.4g}" for k in sorted(after) if k in before)
+    log.info(f"precise batch norm: statistics over {used} training batches/rank with the final weights "
+             f"({time.time() - started:.0f} s): {shown}")
+    return {"batches_per_rank": used, "samples": used * datasets.global_batch_size,
+            "validation_moving_averages": before, "validation_precise": after}
+
+
+def _check_final_weights(network: keras.Model, dist: Distributed) -> None:
+    """Every rank: the trained network's weights are finite (summed over ranks), or :class:`NonFiniteLoss`
+    before ``model.keras`` is written."""
+    bad = checkpoint.nonfinite_arrays([np.asarray(v) for v in network.weights])
+    if int(dist.sum_array(np.array([len(bad)], np.int64))[0]):
+        first = network.weights[bad[0]].path if bad else "on another rank"
+        raise NonFiniteLoss(f"the trained network's weights hold NaN or Inf ({len(bad)} array(s) here, first: "
+                            f"{first}); model.keras not written")
+
+
+def _summary(t: Training, precise_bn: dict | None) -> dict:
+    """summary.json: what ran, how fast, the last epoch's metrics, and this attempt."""
+    cfg, dist, run, history, peak_flops_total = t.cfg, t.dist, t.run, t.history, t.peak_flops_total
     datasets, forward_flops = run.datasets, run.forward_flops
+    initial_epoch = t.resumed.position[0]
     last = {k: float(v[-1]) for k, v in history.items() if v}
     rates = history.get("samples_per_second", [])
     # The first epoch of a run includes graph tracing; report the later ones when there are any.
@@ -577,7 +586,7 @@ def _summary(app: Application, cfg: AppConfig, dist: Distributed, run: Run, hist
     samples_per_second = float(np.mean(steady)) if steady else None
     tflops = samples_per_second * TRAINING_FLOPS_FACTOR * forward_flops / 1e12 if samples_per_second else None
     summary = {
-        "app": app.name,
+        "app": t.app.name,
         "ranks": dist.size,
         "backend": dist.backend,
         "controller": dist.controller,
@@ -595,7 +604,7 @@ def _summary(app: Application, cfg: AppConfig, dist: Distributed, run: Run, hist
         "tflops_per_second": tflops,
         "peak_tflops": peak_flops_total / 1e12 if peak_flops_total else None,
         "ratio_to_peak": tflops * 1e12 / peak_flops_total if tflops and peak_flops_total else None,
-        "wall_time_s": wall_time_s,
+        "wall_time_s": time.time() - t.started_unix,
         "skipped_files": datasets.skipped_files,
         "final": last,
     }
@@ -611,16 +620,24 @@ def _summary(app: Application, cfg: AppConfig, dist: Distributed, run: Run, hist
     summary["weights_sha256"] = dist.allgather_object(fingerprint.hexdigest()[:16])
     if len(set(summary["weights_sha256"])) > 1 and dist.is_root:
         log.warning(f"the ranks ended with different weights (sha256 prefixes {summary['weights_sha256']})")
-    if mlperf_callback is not None:
-        summary["mlperf_target_reached"] = mlperf_callback.reached
-        summary["mlperf_time_to_target_s"] = mlperf_callback.reached_after_s   # this run's run_start; None: not reached
+    if t.mlperf_callback is not None:
+        summary["mlperf_target_reached"] = t.mlperf_callback.reached
+        summary["mlperf_time_to_target_s"] = t.mlperf_callback.reached_after_s   # this run's run_start; None: not reached
+    summary["started_unix"] = t.started_unix
+    summary["step_time_s"] = step_time_summary(t.throughput.step_times)
+    if precise_bn is not None:
+        summary["precise_bn"] = precise_bn
+    attempt = t.folder.attempt
+    if attempt.number is not None:   # rank 0
+        summary["attempt"] = attempt.number
+        summary["previous_attempts"] = attempt.previous
     return summary
 
 
 def step_time_summary(step_times: list[list[float]]) -> dict | None:
     """Median and 10th/90th percentiles of the timed step durations of the epochs after the first (tracing,
     pipeline start) when there are several, else of all; None when no step was timed."""
-    steady = [t for epoch in (step_times[1:] if len(step_times) > 1 else step_times) for t in epoch]
+    steady = [seconds for epoch in (step_times[1:] if len(step_times) > 1 else step_times) for seconds in epoch]
     if not steady:
         return None
     p10, median, p90 = np.percentile(steady, [10, 50, 90])
@@ -628,25 +645,37 @@ def step_time_summary(step_times: list[list[float]]) -> dict | None:
             "std": float(np.std(steady)), "steps": len(steady)}
 
 
-def _log_mlperf_hyperparameters(mlperf_log: MlperfLog, app: Application, cfg: AppConfig, datasets: Datasets,
-                                global_batch_size: int, peak_lr: float, built_schedule) -> None:
-    opt = cfg.optimizer
-    schedule = opt.schedule
-    warmup_epochs = schedule.warmup_epochs or (schedule.warmup_steps / datasets.steps_per_epoch)
-    events = {
-        "global_batch_size": global_batch_size,
-        "train_samples": datasets.train_samples,
-        "eval_samples": datasets.validation_samples,
-        "gradient_accumulation_steps": 1,
-        "opt_name": opt.name,
-        "opt_base_learning_rate": opt.learning_rate,
-        "opt_learning_rate_warmup_epochs": warmup_epochs,
-        "opt_learning_rate_warmup_factor": peak_lr / opt.learning_rate,
-        "opt_learning_rate_decay_boundary_epochs": sorted(schedule.decay_boundaries),
-        "opt_learning_rate_decay_factor": [schedule.decay_boundaries[k] for k in sorted(schedule.decay_boundaries)],
-        "opt_weight_decay": opt.weight_decay,
+def _atomic_save_model(network: keras.Model, path: pathlib.Path, force: bool = False) -> None:
+    with outputs.atomic_path(path, force=force, suffix=".keras") as temporary:
+        plain_keras(network).save(temporary)  # loads with Keras alone
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The dry run (``--dry-run``): the network without data
+# ---------------------------------------------------------------------------------------------------------------
+
+def describe_model(app: Application, cfg: AppConfig, ranks: int) -> dict:
+    """What ``--dry-run`` prints: the model built from the config, without data.  ``cfg`` and Keras' global
+    dtype policy are left as they were (the model is built from a copy with the precision resolved)."""
+    cfg = cfg.model_copy(deep=True)
+    cfg.train.precision = precision.resolve(cfg.train.precision)
+    previous_policy = keras.config.dtype_policy()
+    precision.set_precision(cfg.train.precision)
+    try:
+        network = app.build_model(cfg)
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+    flops = forward_flops_per_sample(network)
+    return {
+        "app": app.name,
+        "model": network.name,
+        "parameters": int(network.count_params()),
+        "forward_flops_per_sample": int(flops),
+        "forward_gflops_per_sample": round(flops / 1e9, 2),
+        "training_flops_per_sample": int(TRAINING_FLOPS_FACTOR * flops),
+        "flop_convention": FLOP_CONVENTION,
+        "global_batch_size": epochs.global_batch_size(cfg.data.batch_size, ranks),
+        "ranks": ranks,
+        "precision": cfg.train.precision,
+        "input_shape": list(network.input_shape[1:]),
     }
-    if app.mlperf.hyperparameters is not None:
-        events.update(app.mlperf.hyperparameters(cfg, built_schedule))
-    for key, value in events.items():
-        mlperf_log.event(key, value)

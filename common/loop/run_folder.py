@@ -4,8 +4,10 @@ undone when the run was refused before it started.
     folder = RunFolder(app, cfg, output_dir, resume, force)
     claim = folder.claim(dist)     # every rank: the checks and the lock (rank 0), the same verdict everywhere
     ...                            # data, network, checkpoint: each may still refuse (nothing written yet)
-    folder.start(resumed)          # rank 0: marker, an earlier run's checkpoints removed (--force), config,
-                                   # records brought into line with the checkpoint the run starts from
+    folder.start(dist, history, position, optimizer_step, resumed_from, watchdog)
+                                   # started; rank 0: the attempt recorded, marker, an earlier run's checkpoints
+                                   # removed (--force), config, records brought into line with the checkpoint
+    folder.attempt.end_with(exc)   # how this attempt ended (None: finished), in attempts.json
     folder.close(failed)           # a refused claim leaves no trace; the lock is released
 
 Until :meth:`RunFolder.start`, the folder holds nothing of the run but its lock file (and the folders the claim
@@ -61,7 +63,9 @@ class RunFolder:
     def __init__(self, app, cfg: AppConfig, output_dir, resume: bool, force: bool):
         self.app, self.cfg, self.path = app, cfg, outputs.normal_path(output_dir)
         self.resume, self.force = resume, force
-        self.started = False
+        self.started = False   # set by start(): from then on a failure leaves what the run wrote
+        # This process's attempt at the run (attempts.json): nothing written before start().
+        self.attempt = attempts.Attempt(self.path, f"{app.name}.train", force)
         # The claim of the folder: the one output transaction's (kind and producer, the lock, what it created),
         # in its incremental form (the run commits each epoch by its checkpoint, not all at the end).
         self.producer = Producer(command=f"{app.package}.train", application=app.package)
@@ -138,16 +142,23 @@ class RunFolder:
                                  "the run directory)")
         outputs.check_writable_folder(log_path.parent, "the folder of mlperf.log_file")
 
-    def start(self, cfg: AppConfig, history: list, position: tuple[int, int], optimizer_step: int,
-              resumed_from: str | None, dist) -> None:
-        """Every check has passed: from here on the run writes.  Rank 0: the marker (listing what this run
-        writes), an earlier run's checkpoints and in-folder MLPerf log removed (``--force``), the resolved
-        ``cfg``, and the records brought into line with the checkpoint the run starts from
-        (:func:`common.loop.records.reconcile`).  The caller has set :attr:`started` (before it records the
-        attempt): from then on a failure leaves what the run wrote."""
+    def start(self, dist, history: list, position: tuple[int, int], optimizer_step: int, resumed_from: str | None,
+              watchdog=None) -> None:
+        """Every check has passed: from here on the run writes, and a failure leaves what it wrote
+        (:attr:`started`, on every rank).  Rank 0: first the attempt (so that a crash from here on leaves its
+        trace; the ``watchdog``'s expiry recorded as its end, ``hung``), then the marker (listing what this run
+        writes), an earlier run's checkpoints and in-folder MLPerf log removed (``--force``), the resolved config
+        (the ``cfg`` this folder was made with, which the run resolves in place), and the records brought into
+        line with the checkpoint the run starts from (:func:`common.loop.records.reconcile`): ``history``, the
+        committed epochs' rows, up to ``position`` (epochs, steps) and ``optimizer_step`` of ``resumed_from``
+        (the checkpoint's name; None: from scratch)."""
+        self.started = True
         if not dist.is_root:
             return
-        claim, path = self._claim, self.path
+        self.attempt.begin(self.resume, dist.size, resumed_from)
+        if watchdog is not None:
+            watchdog.at_expiry(lambda message: self.attempt.end("hung", message))
+        cfg, claim, path = self.cfg, self._claim, self.path
         run_dirs.mark_run_dir(path, self.app.name, claim.names, kind=claim.kind, producer=self.producer.record())
         if claim.mlperf_path is not None and claim.mlperf_path.name not in claim.names:
             run_dirs.record_external(path, claim.mlperf_path)
