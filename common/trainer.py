@@ -107,7 +107,8 @@ def train(app: Application, cfg: AppConfig, dist: Distributed, output_dir: str |
 
 @dataclasses.dataclass
 class Training:
-    """One training as its phases share it: what :func:`train` was given, then what each phase made."""
+    """One training as its phases share it (``t`` in them): what :func:`train` was given, then what each phase
+    made, under that phase's name below.  The phases pass nothing else between them."""
 
     app: Application
     cfg: AppConfig   # the run's own copy, resolved by the set-up (precision, a resume's per-rank batch)
@@ -117,7 +118,7 @@ class Training:
     stop_request: StopRequest   # the entry point's, installed before TensorFlow loaded, or one of the run's own
     watchdog: Watchdog | None
     gate: Any = None   # a job's (common.instances), told each instance's verdict (see train)
-    started_unix: float = 0.0
+    started_unix: float = 0.0   # when train was called (summary.json, the MLPerf log's init_start)
     # _set_up
     claim: Claim | None = None
     run: Run | None = None
