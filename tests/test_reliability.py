@@ -404,14 +404,16 @@ def test_a_killed_rank_ends_the_job_within_the_timeout(tiny_cosmo_data, tmp_path
         assert "cosmoflow.train" not in command_line, "a rank survived"
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_cosmo_data, tmp_path):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_cosmo_data, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    finish(command(tiny_cosmo_data, run_dir, epochs=1))
+    # (both runs in this process: what is tested is the guard and the checkpoint, not a process boundary)
+    first = run_here(command(tiny_cosmo_data, run_dir, epochs=1)[1:], capsys)
+    assert first.returncode == 0, first.stderr[-4000:]
     good = checkpoint.latest_checkpoint(run_dir / "checkpoints")
     digest = hashlib.sha256(good.read_bytes()).hexdigest()
     # A learning rate of 1e30 sends the weights, then the loss, to Inf/NaN within a few steps.
-    result = finish(command(tiny_cosmo_data, run_dir, "--resume", "--set", "optimizer.learning_rate=1e30",
-                            epochs=2), check=False)
+    result = run_here(command(tiny_cosmo_data, run_dir, "--resume", "--set", "optimizer.learning_rate=1e30",
+                              epochs=2)[1:], capsys)
     assert result.returncode == 3, result.stderr[-3000:]
     message = [l for l in result.stderr.splitlines() if l.startswith("error:")][-1]
     assert "loss is" in message and "epoch 2, step" in message
