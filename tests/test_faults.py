@@ -356,7 +356,7 @@ def test_an_mlperf_log_outside_the_run_folder_must_be_a_new_file(tiny_cosmo_data
     users.write_text("a user's log\n")
     mlperf = ["--set", "mlperf.enabled=true"]
     message = one_error(run_here(train_args(tiny_cosmo_data, tmp_path / "a", *mlperf, "--set",
-                                              f"mlperf.log_file={users}"), capsys))
+                                            f"mlperf.log_file={users}"), capsys))
     assert f"{users}: mlperf.log_file exists and was not started by this run directory's training" in message
     assert users.read_text() == "a user's log\n" and not (tmp_path / "a" / "config.yaml").exists()
     log = tmp_path / "logs" / "run.log"
@@ -369,7 +369,7 @@ def test_an_mlperf_log_outside_the_run_folder_must_be_a_new_file(tiny_cosmo_data
                           epochs=2))
     assert log.read_text().startswith(first) and len(log.read_text()) > len(first)
     other = one_error(run_here(train_args(tiny_cosmo_data, tmp_path / "c", *mlperf, "--set",
-                                            f"mlperf.log_file={log}"), capsys))
+                                          f"mlperf.log_file={log}"), capsys))
     assert f"{log}: mlperf.log_file exists" in other
 
 
@@ -378,10 +378,10 @@ def test_bench_and_scaling_outputs_never_replace_a_users_file(tiny_cosmo_data, t
     users_json.write_text('{"mine": true}\n')
     users_png.write_bytes(b"\x89PNG not the suite's")
     bench = one_error(run_here(["-m", "common.tools.bench", "--config", DEMO, *tiny_cosmo_overrides(tiny_cosmo_data),
-                                  "--steps", "2", "--json", str(users_json)], capsys))
+                                "--steps", "2", "--json", str(users_json)], capsys))
     assert f"{users_json}: exists and was not written by this suite" in bench
     scaling = one_error(run_here(["-m", "common.tools.scaling", "--config", DEMO, "--system", "perlmutter",
-                                    "--nodes", "1,2", "--png", str(users_png)], capsys))
+                                  "--nodes", "1,2", "--png", str(users_png)], capsys))
     assert f"{users_png}: exists and was not written by this suite" in scaling
     assert users_json.read_text() == '{"mine": true}\n' and users_png.read_bytes() == b"\x89PNG not the suite's"
     # A figure the suite wrote carries its mark and is replaced without --force.
