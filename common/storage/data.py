@@ -13,7 +13,6 @@ from typing import Callable
 
 import numpy as np
 
-from common.distributed import Distributed
 from common.errors import DataError
 from common.storage.sample_files import bad_entries_message, entry_problem
 
@@ -51,7 +50,7 @@ def list_files(directory: str | pathlib.Path, patterns: tuple[str, ...], what: s
     return files
 
 
-def screen_files(files: list[str], inspect: Callable[[str], int], dist: Distributed, on_bad_file: str,
+def screen_files(files: list[str], inspect: Callable[[str], int], dist, on_bad_file: str,
                  where: str) -> tuple[list[str], dict[str, int], list[str]]:
     """Inspect every file once, each rank a share, and agree on the verdicts over ranks.
 
@@ -60,7 +59,8 @@ def screen_files(files: list[str], inspect: Callable[[str], int], dist: Distribu
     :func:`list_files` with ``on_bad_file="skip"``) is bad without it.  With
     ``on_bad_file="fail"`` the first problem is raised (with the number of
     others); with ``"skip"`` bad files are left out and each is reported once
-    by rank 0.  Returns (good files in order, their sample counts, the problems).
+    by rank 0.  Returns (good files in order, their sample counts, the problems).  ``dist``: the ranks, a
+    :class:`common.distributed.Distributed` (not imported here: distributed.py writes through storage).
     """
     def verdicts(paths):
         out = {}
