@@ -1,3 +1,3 @@
-"""Files: guarded atomic outputs and the run-folder lock, checkpoints, the data folder's screening and staging,
-TFRecord reading, training-curve plots.
+"""Files: atomic writes and the suite's marks, run directories (their kind and lock), the output transaction,
+generated folders, checkpoints, a split's sample files and their node-local staging, TFRecord reading, plots.
 """
