@@ -8,6 +8,7 @@ import pathlib
 from common.application import Application, MlperfSpec, Parts, PublishedRate
 from common.commands import Command, Output, datatools_command, parser_of
 from common.storage.sample_files import DatasetFiles
+from cosmoflow import formats
 from cosmoflow.config import CosmoflowConfig
 from cosmoflow.evaluate import EVALUATOR
 from cosmoflow.predict import PREDICTOR
@@ -44,8 +45,7 @@ APPLICATION = Application(
     commands=(
         Command("cosmoflow.mock", parser_of("cosmoflow.mock"), reads=(("--config", "config"),),
                 writes=(Output("--out", "generated"),), summary="mock universes (the config's data.data_dir)"),
-        datatools_command("cosmoflow.data", DatasetFiles(
-            "CosmoFlow", ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.tfrecords.gz", "*.h5", "*.hdf5"))),
+        datatools_command("cosmoflow.data", DatasetFiles("CosmoFlow", formats.patterns())),
         Command("cosmoflow.information", parser_of("cosmoflow.information"),
                 reads=(("--config", "config"), ("--fisher-matrix", "file")), writes=(Output("--json", "file"),),
                 summary="Fisher bounds and the summary statistics' regression"),

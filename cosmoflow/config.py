@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from common.config import MEANING, AppConfig, CountedDataSection, Section
+from cosmoflow import formats
 
 # Order of the four targets in the MLPerf files (``y`` / ``unitPar``), where no ``namePar`` says otherwise.
 TARGET_NAMES = ("Omega_m", "sigma_8", "n_s", "H0")
@@ -36,7 +37,8 @@ class MockSection(Section):
 
 
 class CosmoDataSection(CountedDataSection):
-    format: Literal["tfrecord", "hdf5"] = "tfrecord"
+    format: Literal[tuple(formats.FAMILIES)] = Field(formats.DEFAULT, description="the file family: one of "
+                                                    "cosmoflow/formats/__init__.py's FAMILIES")
     compression: Literal["none", "gzip"] = Field("none", description="TFRecord compression")
     sample_shape: tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt] = Field(
         (128, 128, 128, 4), description="one sample, channels last: (x, y, z, redshifts)")

@@ -39,6 +39,7 @@ from common.deferred import tensorflow as tf
 from common.loop.epochs import evaluation_walk
 from common.errors import DataError
 from common.predict import main as predict_main
+from cosmoflow import formats
 from cosmoflow.config import TARGET_NAMES, CosmoflowConfig
 
 # At its first use (TensorFlow), so that the declaration and --help answer without it.
@@ -46,7 +47,7 @@ cosmoflow_data = DeferredModule("cosmoflow.data")
 cosmoflow_mock = DeferredModule("cosmoflow.mock")   # h5py: only for a mock run's parameter ranges
 
 TOOL = "cosmoflow.predict"
-PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord.gz", "*.tfrecords.gz", "*.h5", "*.hdf5")
+PATTERNS = formats.patterns()   # every file family's names (cosmoflow/formats/__init__.py's table)
 
 
 def stem(path) -> str:

@@ -299,3 +299,24 @@ def test_cosmoflow_targets_beyond_the_output_range_are_named(tmp_path):
         network_view(cosmo_cfg(tmp_path))
     error = str(data_error_from_pipeline(raised.value))
     assert error.startswith(str(tmp_path / "validation" / "univ_001.tfrecord")) and "output range" in error
+
+
+def test_cosmoflow_families_hold_one_protocol_and_every_list_is_read_from_their_table():
+    """data.format's choices and default, predict's and the data tools' file names come from FAMILIES; each
+    family module holds what cosmoflow/data.py calls (a family missing a member fails here, not in a run)."""
+    import typing
+
+    from cosmoflow import formats, predict
+    from cosmoflow.config import CosmoDataSection
+
+    field = CosmoDataSection.model_fields["format"]
+    assert typing.get_args(field.annotation) == tuple(formats.FAMILIES) and field.default == formats.DEFAULT
+    assert predict.PATTERNS == formats.patterns() == tuple(
+        pattern for name in formats.FAMILIES for pattern in formats.family(name).PATTERNS)
+    assert "*.tfrecords.gz" in formats.patterns() and "*.hdf5" in formats.patterns()
+    for name in formats.FAMILIES:
+        family = formats.family(name)
+        assert family.NAME == name
+        members = ["WHAT", "PATTERNS", "select", "read", "bad_file_finder", "read_targets", "file_samples",
+                   "file_selection"] + ([] if name == formats.DEFAULT else ["recognises"])
+        assert [m for m in members if not hasattr(family, m)] == [], name

@@ -91,7 +91,7 @@ def test_hep_listing_names_every_entry_that_is_no_readable_file(tmp_path):
 
 def test_cosmoflow_listing_reads_a_folder_of_links_and_names_what_is_no_file(tiny_cosmo_data, tmp_path):
     from cosmoflow.config import CosmoflowConfig
-    from cosmoflow.data import _split_samples
+    from cosmoflow.data import split
 
     train = tmp_path / "train"
     train.mkdir()
@@ -106,13 +106,13 @@ def test_cosmoflow_listing_reads_a_folder_of_links_and_names_what_is_no_file(tin
                                                    "on_bad_file": on_bad_file}}, "test")
 
     with pytest.raises(DataError) as raised:
-        _split_samples(cfg("fail"), "train", None, "data.n_train", Distributed())
+        split(cfg("fail"), "train", Distributed())
     assert str(raised.value).startswith(
         f"{train / 'univ_train_999999.tfrecord'}: a symbolic link to {tmp_path / 'moved'}/univ_train_999999.tfrecord, "
         "which does not exist; and 1 more entry matching ")
-    files, used, _, problems, _ = _split_samples(cfg("skip"), "train", None, "data.n_train", Distributed())
-    assert files == [str(train / path.name) for path in samples] and used == len(samples) == 32
-    assert problems == [f"{train / 'univ_train_999999.tfrecord'}: a symbolic link to "
+    listed = split(cfg("skip"), "train", Distributed())
+    assert listed.items == [str(train / path.name) for path in samples] and listed.count == len(samples) == 32
+    assert listed.skipped == [f"{train / 'univ_train_999999.tfrecord'}: a symbolic link to "
                         f"{tmp_path / 'moved' / 'univ_train_999999.tfrecord'}, which does not exist",
                         f"{train / 'univ_train_extra.tfrecord'}: a folder, not a file"]
 

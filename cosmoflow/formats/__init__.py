@@ -1,49 +1,61 @@
-"""CosmoFlow's on-disk formats, one module each, listed once here.
+"""CosmoFlow's file families, one module each, listed once in :data:`FAMILIES`.
 
-``data.format`` picks the files (``tfrecord`` or ``hdf5``); within them the variant is told by their
-content, never by their names, and described by a :class:`~cosmoflow.formats.layout.SampleLayout`
-that the pipeline (``cosmoflow/data.py``) reads samples by:
+``data.format`` picks a family (its choices are this table's names); within its files the variant is told by
+their content, never by their names, and described by a :class:`~cosmoflow.formats.layout.SampleLayout`:
 
-- ``tfrecord_mlperf``: MLPerf HPC TFRecords (``x`` int16 bytes, ``y`` floats), GZIP too;
-- ``tfrecord_float_list``: cosmoflow-benchmark's before 2020 (``x`` a float list);
-- ``tfrecord_sc18``: NERSC/CosmoFlow SC18's (``data_raw``, ``label_raw`` float32 or float64 bytes);
-- ``hdf5``: raw universes (``full``, ``unitPar``, cut into crops) and ``prepare.py``'s split crops (``x``, ``y``);
-- ``raw_staged``: the copy ``data.stage_decompress`` stages MLPerf's GZIP TFRecords as.
+- ``tfrecord``: MLPerf HPC TFRecords (``tfrecord_mlperf``, GZIP too), cosmoflow-benchmark's before 2020
+  (``tfrecord_float_list``: ``x`` a float list), NERSC/CosmoFlow SC18's (``tfrecord_sc18``: ``data_raw``,
+  ``label_raw``); the copy ``data.stage_decompress`` stages MLPerf's GZIP TFRecords as is ``raw_staged``;
+- ``hdf5``: raw universes (``full``, ``unitPar``, cut into crops) and ``prepare.py``'s split crops (``x``, ``y``).
 
-``layout`` (the description and the target order) and ``tfrecord`` (what the TFRecord variants share) serve
-them.  A new TFRecord variant is one module like ``tfrecord_float_list.py`` (``NAME``, ``FEATURES``,
-``SIZE_UNIT``, ``matches``, ``layout``, ``parse``, ``record_sizes``), one line in
-:data:`TFRECORD_VARIANTS`, and its test in ``tests/test_formats.py``: files written there with
-TensorFlow's own writer, the values the network sees checked against numpy.
+Every family module holds the same protocol, which ``cosmoflow/data.py`` alone calls:
+
+==========================================================  ====================================================
+``NAME``, ``WHAT``, ``PATTERNS``                             its ``data.format`` value, its name in messages,
+                                                             its files' names (the data tools' list too)
+``select(cfg, directory, requested, key, dist)``             a split's files listed and screened, their layout,
+                                                             the samples used: a ``Selection``
+``read(cfg, selection, dist, seed, training)``               this rank's (x as stored, y in file order, file
+                                                             name, sizes right) per sample (``rank_share``)
+``bad_file_finder(cfg, selection)``                          what names a bad file after a TensorFlow read
+                                                             error (None: the reader names it)
+``read_targets(cfg, selection, where)``                      the selected samples' targets, in file order
+``file_samples(cfg, path, layouts)``                         every (where, x, y, layout) of a file, checked:
+                                                             the data checker's walk
+``recognises(path)``, ``file_selection(cfg, path)``          one file to predict, told by its content (the
+                                                             default family recognises what no other does)
+``stage(cfg, selection, dist)`` (optional)                   a training split's copies in ``data.stage_dir``:
+                                                             (the family reading them, their ``Selection``)
+``input_ceiling(cfg, samples)`` (optional)                   the numpy loop ``bench --input-only`` compares with
+==========================================================  ====================================================
+
+A new family (npy, zarr) is one module here holding that protocol, one line in :data:`FAMILIES`, and its test
+in ``tests/test_formats.py``.  A new TFRecord variant is one module like ``tfrecord_float_list.py`` and its line
+in ``tfrecord.VARIANTS``.  This module imports none of them: the config reads the table without TensorFlow.
 """
 
 from __future__ import annotations
 
-from common.errors import DataError
-from cosmoflow.formats import hdf5, raw_staged, tfrecord, tfrecord_float_list, tfrecord_mlperf, tfrecord_sc18
-from cosmoflow.formats.layout import SampleLayout
+import importlib
 
-# data.format -> the names of its files.
-FILE_PATTERNS = {"tfrecord": tfrecord.PATTERNS, "hdf5": hdf5.PATTERNS}
-# data.format: tfrecord: the variants, tried in this order against the first record of a split; the first
-# that matches is the split's.
-TFRECORD_VARIANTS = (tfrecord_mlperf, tfrecord_float_list, tfrecord_sc18)
-# The staged copy data.stage_decompress writes of a TFRecord variant (its staged_format, sample_table and
-# read_samples); the others are staged as inflated TFRecords.
-STAGED_AS = {tfrecord_mlperf.NAME: raw_staged}
+# data.format -> the module of that file family.
+FAMILIES = {"tfrecord": "cosmoflow.formats.tfrecord", "hdf5": "cosmoflow.formats.hdf5"}
+# data.format's default, and the family of a file no other family recognises (TFRecords carry no signature).
+DEFAULT = "tfrecord"
 
 
-def record_layout(path: str, cfg) -> SampleLayout:
-    """The layout of a TFRecord dataset, from the first record of one of its files."""
-    features = tfrecord.first_record_features(path, cfg.data)
-    for variant in TFRECORD_VARIANTS:
-        if variant.matches(features):
-            return variant.layout(features, path, cfg.data)
-    needs = " or ".join(dict.fromkeys(variant.FEATURES for variant in TFRECORD_VARIANTS))
-    raise DataError(f"{path}: records need features {needs}, found {sorted(features)}")
+def family(name: str):
+    """The module of the family ``name`` (a ``data.format`` value)."""
+    return importlib.import_module(FAMILIES[name])
 
 
-def tfrecord_variant(layout: SampleLayout):
-    """The module of the TFRecord variant ``layout`` describes."""
-    return next(variant for variant in TFRECORD_VARIANTS if variant.NAME == layout.kind)
+def patterns() -> tuple[str, ...]:
+    """Every family's file names: what a CosmoFlow dataset folder holds samples in."""
+    return tuple(pattern for name in FAMILIES for pattern in family(name).PATTERNS)
 
+
+def family_of_file(path: str):
+    """The family whose files ``path`` is, told by its content (the default family when no other's signature
+    matches)."""
+    others = [family(name) for name in FAMILIES if name != DEFAULT]
+    return next((module for module in others if module.recognises(path)), family(DEFAULT))

@@ -8,13 +8,20 @@
 
 from __future__ import annotations
 
-import h5py
+import pathlib
+
 import numpy as np
 
+from common.deferred import h5py   # imported at first use: the formats' table is read without it
+from common.deferred import tensorflow as tf
+from common.distributed import Distributed
 from common.errors import DataError
-from common.storage.data import reading
-from cosmoflow.formats.layout import SampleLayout, file_targets
+from common.loop import epochs
+from common.storage.data import list_files, reading, screen_files, select_count
+from cosmoflow.formats.layout import SampleLayout, Selection, file_targets
 
+NAME = "hdf5"
+WHAT = "HDF5"   # the family in messages
 PATTERNS = ("*.h5", "*.hdf5")
 RAW, SPLIT = "raw_hdf5", "split_hdf5"   # the two kinds' names (SampleLayout.kind)
 FILE_FORMAT = {RAW: "raw HDF5 universes (full, unitPar), cut into crops",
@@ -22,7 +29,7 @@ FILE_FORMAT = {RAW: "raw HDF5 universes (full, unitPar), cut into crops",
 TARGETS_DATASET = {RAW: "unitPar", SPLIT: "y"}
 
 
-def is_hdf5(path) -> bool:
+def recognises(path) -> bool:
     """Whether ``path`` is an HDF5 file (by its signature, whatever its name)."""
     return h5py.is_hdf5(path)
 
@@ -88,7 +95,69 @@ def read_crop(path, index, crop):
     return np.asarray(x, np.int16), np.asarray(y, np.float32)
 
 
-def read_targets(path: str, layout: SampleLayout) -> np.ndarray:
+def file_targets_of(path: str, layout: SampleLayout) -> np.ndarray:
     """The targets, in file order, of a file of ``layout`` (float32; a raw universe's one set for all its crops)."""
     with h5py.File(path, "r") as f:
         return np.asarray(f[TARGETS_DATASET[layout.kind]][:], np.float32)
+
+
+# -- the family's protocol (cosmoflow/formats/__init__.py) ---------------------------------------------------
+
+def select(cfg, directory: pathlib.Path, requested: int | None, key: str | None, dist: Distributed) -> Selection:
+    """The files of ``directory`` listed and screened (datasets and shapes checked, one layout for all), and the
+    first (file, crop) pairs the samples used are."""
+    data = cfg.data
+    files = list_files(directory, PATTERNS, f"CosmoFlow {directory.name} {WHAT}", data.on_bad_file)
+    files, found, problems = screen_files(files, lambda f: file_layout(f, cfg), dist, data.on_bad_file,
+                                          str(directory))
+    layouts = {layout for _, layout in found.values()}
+    if len(layouts) > 1:
+        raise DataError(f"{directory}: files of different layouts or target orders: "
+                        + "; ".join(sorted(layout.describe() for layout in layouts)))
+    used = select_count(sum(n for n, _ in found.values()), requested, key, str(directory))
+    return Selection([(f, c) for f in files for c in range(found[f][0])][:used], used, layouts.pop(),
+                     tuple(problems))
+
+
+def read(cfg, selection: Selection, dist: Distributed, seed, training: bool):
+    """(x int16, y float32 in file order, file name, True) per crop for this rank, shuffled with ``seed`` when
+    training (a seed stream of its own: 1)."""
+    shape, layout = tuple(cfg.data.sample_shape), selection.layout
+    share = epochs.rank_share((tf.constant([p for p, _ in selection.items]),
+                               tf.constant([c for _, c in selection.items], dtype=tf.int64)),
+                              dist, seed, shuffle=training, stream=1)
+
+    def load(path, crop_index):
+        x, y = tf.numpy_function(lambda p, c: read_crop(p, c, shape), [path, crop_index],
+                                 [tf.int16, tf.float32], stateful=False)
+        x.set_shape(shape)
+        y.set_shape([len(layout.targets)])
+        return x, y, path, tf.constant(True)   # HDF5 shapes are checked per file at start-up
+
+    return share.samples(share.items.map(load, num_parallel_calls=epochs.AUTOTUNE))
+
+
+def bad_file_finder(cfg, selection: Selection):
+    """None: the HDF5 reader names its file itself."""
+    return None
+
+
+def read_targets(cfg, selection: Selection, where: str):
+    """The targets, in file order, of the crops selected (float32; a raw universe's one set for all its crops)."""
+    per_file = {path: file_targets_of(path, selection.layout) for path in dict.fromkeys(p for p, _ in selection.items)}
+    return [per_file[p] for p, _ in selection.items]
+
+
+def file_samples(cfg, path: str, layouts: dict):
+    """(where, x, y in file order, layout) of every crop of ``path`` after its datasets are checked: what the
+    data checker checks."""
+    crops, layout = file_layout(path, cfg)
+    for crop in range(crops):
+        x, y = read_crop(path, crop, cfg.data.sample_shape)
+        yield f"crop {crop}", x, y, layout
+
+
+def file_selection(cfg, path: str) -> Selection:
+    """Every crop of one file (without ``unitPar`` / ``y`` too: its layout then names no targets), for prediction."""
+    crops, layout = file_layout(path, cfg, require_targets=False)
+    return Selection([(path, crop) for crop in range(crops)], crops, layout, compression="none")

@@ -1,4 +1,5 @@
-"""What a CosmoFlow dataset's files hold (:class:`SampleLayout`), and the order of the targets in them.
+"""What a CosmoFlow dataset's files hold (:class:`SampleLayout`), what a family reads of a split
+(:class:`Selection`), and the order of the targets in them.
 
 Every format module describes the files it recognises with a :class:`SampleLayout`; the pipeline
 (``cosmoflow/data.py``) reads samples, selects targets and names problems from it.  The targets' order
@@ -9,7 +10,9 @@ comes from the files (``namePar``), else ``data.file_target_names``, else the ML
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+from common.deferred import tensorflow as tf   # imported at first use: the formats' table is read without it
 from common.errors import DataError
 from cosmoflow.config import TARGET_NAMES
 
@@ -28,6 +31,28 @@ class SampleLayout:
     def describe(self) -> str:
         """One line for the log: the data format found and where the target names came from."""
         return f"{self.file_format}; targets in the files: {list(self.targets)} ({self.names_from})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """What a file family reads of a split: its ``items`` (files, (file, crop) pairs, a staged copy's sample
+    table), the samples used of them (``count``), their layout, the files left out (``data.on_bad_file: skip``),
+    and, for files that are not the config's own (a staged copy, one file to predict), their ``compression``
+    and whether they are this rank's already (``staged``)."""
+
+    items: Any
+    count: int
+    layout: SampleLayout
+    problems: tuple[str, ...] = ()
+    compression: str | None = None   # "none" | "gzip"; None: data.compression
+    staged: bool = False
+
+
+def sized(values, size: int, fill_dtype):
+    """(``values`` when it holds ``size`` elements, else zeros; whether it did): a record of another size
+    is flagged for ``cosmoflow.data.check_batch`` to name its file, instead of failing a reshape without a name."""
+    ok = tf.equal(tf.size(values), size)
+    return tf.cond(ok, lambda: values, lambda: tf.zeros([size], fill_dtype)), ok
 
 
 CANONICAL_TARGETS = {"omega_m": "Omega_m", "om": "Omega_m", "omegam": "Omega_m", "sigma_8": "sigma_8",

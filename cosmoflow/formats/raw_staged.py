@@ -11,18 +11,17 @@ import pathlib
 
 import google_crc32c
 import numpy as np
-import tensorflow as tf
 
+from common.deferred import tensorflow as tf   # imported at first use: the formats' table is read without it
 from common.distributed import Distributed
 from common.errors import DataError
 from common.loop import epochs
 from common.storage.data import read_at
 from common.storage.staging import StagedFormat
 from common.storage.tfrecord import read_records
-from cosmoflow.formats.layout import SampleLayout
+from cosmoflow.formats.layout import SampleLayout, Selection
 
 NAME = "cosmoflow-raw-v1"   # the staging manifest's format name of these copies
-AUTOTUNE = tf.data.AUTOTUNE
 
 
 def write_raw_samples(source: str, destination, voxels: int, n_targets: int, gzipped: bool) -> int:
@@ -52,8 +51,10 @@ def staged_format(cfg, layout: SampleLayout) -> StagedFormat:
         source, destination, voxels, n, gzipped))
 
 
-def sample_table(cfg, files: list[str], dist: Distributed, layout: SampleLayout):
-    """(file, byte offset) of every sample in this rank's raw staged copies, once per run (the sizes checked)."""
+def staged_selection(cfg, files: list[str], dist: Distributed, selection: Selection) -> Selection:
+    """This rank's raw staged copies of ``selection`` as the family reads them: (file, byte offset) of every
+    sample, once per run (the sizes checked)."""
+    layout = selection.layout
     sample_bytes = 2 * math.prod(cfg.data.sample_shape) + 4 * len(layout.targets)
     paths, offsets = [], []
     for path in files:
@@ -66,23 +67,30 @@ def sample_table(cfg, files: list[str], dist: Distributed, layout: SampleLayout)
     if not paths:
         raise DataError(f"{cfg.data.stage_dir}: rank {dist.rank} has no staged training samples (fewer training "
                         f"files than the {dist.size} ranks?): stage more files or run fewer ranks")
-    return tf.constant(paths), tf.constant(offsets, tf.int64)
+    return Selection((tf.constant(paths), tf.constant(offsets, tf.int64)), selection.count, layout,
+                     selection.problems, compression="none", staged=True)
 
 
-def read_samples(cfg, table, dist: Distributed, seed, layout: SampleLayout) -> tf.data.Dataset:
-    """(x int16, y float32, file name, True) per sample of :func:`sample_table`, shuffled with ``seed``."""
+def read(cfg, selection: Selection, dist: Distributed, seed, training: bool) -> tf.data.Dataset:
+    """(x int16, y float32, file name, True) per sample of :func:`staged_selection`, shuffled with ``seed`` (a
+    training split's copy: always)."""
     shape = tuple(cfg.data.sample_shape)
-    voxels, n = math.prod(shape), len(layout.targets)
+    voxels, n = math.prod(shape), len(selection.layout.targets)
     sample_bytes = 2 * voxels + 4 * n
     # This rank's own copies, permuted by a seed stream of the rank's own.
-    samples = epochs.rank_share(table, dist, seed, shuffle=True, stream=dist.rank, this_rank_only=True).items
+    samples = epochs.rank_share(selection.items, dist, seed, shuffle=True, stream=dist.rank, this_rank_only=True).items
 
     def load(path, offset):
         sample = read_at(path.decode(), int(offset), "u1", (sample_bytes,), "a staged sample")
         return sample[:2 * voxels].view("<i2"), sample[2 * voxels:].view("<f4")
 
-    def read(path, offset):
+    def parsed(path, offset):
         x, y = tf.numpy_function(load, [path, offset], [tf.int16, tf.float32], stateful=False)
         return tf.reshape(x, shape), tf.ensure_shape(y, [n]), path, tf.constant(True)
 
-    return samples.map(read, num_parallel_calls=AUTOTUNE)
+    return samples.map(parsed, num_parallel_calls=epochs.AUTOTUNE)
+
+
+def bad_file_finder(cfg, selection: Selection):
+    """None: a raw staged copy names its file itself, and is no TFRecord."""
+    return None

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import math
 
-import tensorflow as tf
-
+from common.deferred import tensorflow as tf   # imported at first use: the formats' table is read without it
 from common.errors import DataError
-from cosmoflow.formats.layout import SampleLayout, file_targets
-from cosmoflow.formats.tfrecord import sized
+from cosmoflow.formats.layout import SampleLayout, file_targets, sized
 
 NAME = "mlperf"
 FEATURES = "x and y (MLPerf)"   # what a record needs, for the message when no variant matches

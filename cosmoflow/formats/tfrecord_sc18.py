@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import tensorflow as tf
 
+from common.deferred import tensorflow as tf   # imported at first use: the formats' table is read without it
 from common.errors import DataError
 from cosmoflow.formats.layout import SampleLayout, file_targets
 
