@@ -69,7 +69,7 @@ check-gpu-build:
 	$(GPU_PY) -m common.tools.build_info --require-gpu-build
 	PATH=$(abspath $(GPU_VENV))/bin:$$PATH horovodrun -np 2 -H localhost:2 --gloo \
 	    $(GPU_PY) -m cosmoflow.train --config configs/cosmoflow/demo.yaml --set data.data_dir=data/gpu-build-check \
-	    --set data.mock.n_train=16 --set data.mock.n_valid=16 --set train.epochs=1 --set mlperf.enabled=false \
+	    --set data.mock.n_train=16 --set data.mock.n_validation=16 --set train.epochs=1 --set mlperf.enabled=false \
 	    --output-dir runs/gpu-build-check --force
 	@$(GPU_PY) -m common.tools.build_info
 
@@ -139,7 +139,7 @@ bench: setup
 	$(BENCH) --compare runs/bench/cosmoflow-demo.json runs/bench/cosmoflow-demo-2ranks.json
 	$(BENCH) --config configs/cosmoflow/mlperf.yaml --batch-size 1 --precision auto --steps 8 \
 	    --set data.data_dir=data/cosmoflow-128 --set data.compression=none --set data.mock.generate_if_missing=true \
-	    --set data.mock.n_train=12 --set data.mock.n_valid=4 --set data.mock.box_size_mpc_h=512 \
+	    --set data.mock.n_train=12 --set data.mock.n_validation=4 --set data.mock.box_size_mpc_h=512 \
 	    --json runs/bench/cosmoflow-128-auto.json
 	$(BENCH) --config configs/cosmoflow/mlperf.yaml --batch-size 1 --precision fp32 --steps 8 \
 	    --set data.data_dir=data/cosmoflow-128 --set data.compression=none --json runs/bench/cosmoflow-128-fp32.json

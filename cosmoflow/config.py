@@ -17,12 +17,25 @@ log = logging.getLogger(__name__)
 TargetName = Literal["Omega_m", "sigma_8", "n_s", "H0"]
 
 
+def renamed_validation_count(values, section: str):
+    """A section's raw keys with ``n_valid`` (CosmoFlow's old spelling, read until 0.2.0) read as ``n_validation``,
+    with a warning naming the key: one spelling of the validation count in every application."""
+    if isinstance(values, dict) and "n_valid" in values:
+        if "n_validation" in values:
+            raise ValueError(f"{section}.n_valid is the old name of {section}.n_validation: give only "
+                             f"{section}.n_validation")
+        log.warning(f"{section}.n_valid is deprecated (read until 0.2.0): call it {section}.n_validation")
+        values = dict(values)
+        values["n_validation"] = values.pop("n_valid")
+    return values
+
+
 class MockSection(Section):
     """Mock universes written by ``python -m cosmoflow.mock`` (and by train when missing)."""
 
     generate_if_missing: bool = False
     n_train: PositiveInt = 256
-    n_valid: PositiveInt = 64
+    n_validation: PositiveInt = 64
     box_size_mpc_h: PositiveFloat = Field(256.0, description="comoving box side in Mpc/h", json_schema_extra=MEANING)
     particles_per_voxel_side: PositiveInt = Field(2, description="particle lattice is this many times finer than the grid")
     redshifts: list[NonNegativeFloat] = Field(default_factory=lambda: [3.0, 1.5, 0.5, 0.0],
@@ -34,6 +47,11 @@ class MockSection(Section):
     sigma_8_range: tuple[PositiveFloat, PositiveFloat] = Field((0.60, 1.00), json_schema_extra=MEANING)
     n_s_range: tuple[PositiveFloat, PositiveFloat] = Field((0.90, 1.02), json_schema_extra=MEANING)
     h0_range: tuple[PositiveFloat, PositiveFloat] = Field((60.0, 80.0), json_schema_extra=MEANING)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, values):
+        return renamed_validation_count(values, "data.mock")
 
 
 class CosmoDataSection(CountedDataSection):
@@ -71,15 +89,7 @@ class CosmoDataSection(CountedDataSection):
     @model_validator(mode="before")
     @classmethod
     def _renamed_keys(cls, values):
-        """``n_valid`` (CosmoFlow's old spelling, until 0.2.0) still read, with a warning: one spelling of the
-        validation count, ``data.n_validation``, in every application."""
-        if isinstance(values, dict) and "n_valid" in values:
-            if "n_validation" in values:
-                raise ValueError("data.n_valid is the old name of data.n_validation: give only data.n_validation")
-            log.warning("data.n_valid is deprecated (read until 0.2.0): call it data.n_validation")
-            values = dict(values)
-            values["n_validation"] = values.pop("n_valid")
-        return values
+        return renamed_validation_count(values, "data")
 
     @field_validator("target_names", "file_target_names")
     @classmethod

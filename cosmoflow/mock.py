@@ -10,7 +10,7 @@ one channel per redshift).  Targets are normalised to [-1, 1] over the ranges,
 like ``unitPar`` in the MLPerf data.
 
     python -m cosmoflow.mock --config configs/cosmoflow/demo.yaml
-    python -m cosmoflow.mock --out DIR --n-train 64 --n-valid 16 --size 64 [--format hdf5]
+    python -m cosmoflow.mock --out DIR --n-train 64 --n-validation 16 --size 64 [--format hdf5]
 
 Output layout: ``DIR/train/`` and ``DIR/validation/``, one TFRecord file per
 sample (MLPerf layout: ``x`` int16 bytes, ``y`` float32[4]), or HDF5 files with
@@ -29,6 +29,7 @@ import logging
 import multiprocessing
 import os
 import pathlib
+import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import h5py
@@ -198,7 +199,7 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def generate_dataset(out_dir, n_train: int, n_valid: int, grid: int, mock: MockSection,
+def generate_dataset(out_dir, n_train: int, n_validation: int, grid: int, mock: MockSection,
                      file_format: str = "tfrecord", compression: str = "none", crops_per_side: int = 1,
                      progress: bool = True, workers: int | None = None) -> pathlib.Path:
     """Write ``out_dir/train`` and ``out_dir/validation``; atomic at the directory level.
@@ -209,12 +210,12 @@ def generate_dataset(out_dir, n_train: int, n_valid: int, grid: int, mock: MockS
     extension = {"tfrecord": ".tfrecord" + (".gz" if compression == "gzip" else ""), "hdf5": ".h5"}[file_format]
     side = grid * crops_per_side
     box = mock.box_size_mpc_h * crops_per_side
-    workers = max(1, min(workers or available_cpus(), n_train + n_valid))
+    workers = max(1, min(workers or available_cpus(), n_train + n_validation))
     with generated_folder(out_dir, EXPECTED_LAYOUT) as work:
         # spawn, not fork: the caller may be a training rank with TensorFlow's and Horovod's threads running.
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
         try:
-            for split_id, (split, count) in enumerate((("train", n_train), ("validation", n_valid))):
+            for split_id, (split, count) in enumerate((("train", n_train), ("validation", n_validation))):
                 split_dir = work / split
                 split_dir.mkdir()
                 tasks = [(split_id, index, side, box, mock) for index in range(count)]
@@ -255,7 +256,7 @@ def ensure_mock_data(cfg, progress: bool = True) -> bool:
     if data.sample_shape[3] != len(data.mock.redshifts):
         raise ConfigError(f"data.sample_shape has {data.sample_shape[3]} channels but data.mock.redshifts has "
                           f"{len(data.mock.redshifts)}")
-    generate_dataset(data.data_dir, data.mock.n_train, data.mock.n_valid, grid, data.mock,
+    generate_dataset(data.data_dir, data.mock.n_train, data.mock.n_validation, grid, data.mock,
                      file_format=data.format, compression=data.compression, progress=progress)
     return True
 
@@ -272,8 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--out", help="output directory (default: the config's data.data_dir)")
     parser.add_argument("--n-train", type=positive_int_argument, help="training samples (default: data.mock.n_train)")
-    parser.add_argument("--n-valid", type=positive_int_argument,
-                        help="validation samples (default: data.mock.n_valid)")
+    parser.add_argument("--n-validation", type=positive_int_argument,
+                        help="validation samples (default: data.mock.n_validation)")
+    # The old name, read until 0.2.0 with a warning (hep_cnn.synth and climate_seg.cam5.synth say --n-validation).
+    parser.add_argument("--n-valid", type=positive_int_argument, dest="n_validation", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=positive_int_argument,
                         help="voxels per side of one sample (default: data.sample_shape[0])")
     parser.add_argument("--format", choices=["tfrecord", "hdf5"])
@@ -288,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if any(arg.split("=")[0] == "--n-valid" for arg in (sys.argv[1:] if argv is None else argv)):
+        log.warning("--n-valid is deprecated (read until 0.2.0): call it --n-validation")
 
 
     raw_defaults = {"data": {"data_dir": args.out or "data/cosmoflow-mock"}}
@@ -306,7 +311,7 @@ def main(argv=None) -> int:
         return 0
     grid = data.sample_shape[0] if args.size is None else args.size
     generate_dataset(out, mock.n_train if args.n_train is None else args.n_train,
-                     mock.n_valid if args.n_valid is None else args.n_valid, grid, mock,
+                     mock.n_validation if args.n_validation is None else args.n_validation, grid, mock,
                      file_format=file_format,
                      compression="gzip" if args.gzip else data.compression,
                      crops_per_side=args.crops_per_side, workers=args.workers)

@@ -82,12 +82,12 @@ if [ -n "$capability" ] && [ "${capability%%.*}" -lt 8 ]; then precision_jax=mix
 
 if [ "$tiny" = 1 ]; then
     bench_config=(--config configs/cosmoflow/demo.yaml --set "data.data_dir=$OUT/data"
-                  --set data.mock.n_train=16 --set data.mock.n_valid=8)
+                  --set data.mock.n_train=16 --set data.mock.n_validation=8)
     jax_tiny=(--tiny)
 else
     bench_config=(--config configs/cosmoflow/mlperf.yaml --set "data.data_dir=$OUT/data-128"
                   --set data.compression=none --set data.mock.generate_if_missing=true
-                  --set data.mock.n_train=32 --set data.mock.n_valid=8 --set data.mock.box_size_mpc_h=512)
+                  --set data.mock.n_train=32 --set data.mock.n_validation=8 --set data.mock.box_size_mpc_h=512)
     jax_tiny=()
 fi
 [ -n "${BATCH:-}" ] && bench_config+=(--batch-size "$BATCH")

@@ -340,7 +340,7 @@ def train_recipe(package: str):
 
 def mock_recipe(env, tmp):
     out = tmp / "mock"
-    return Recipe(["--config", DEMO, "--out", str(out), "--n-train", "2", "--n-valid", "1", "--size", "8",
+    return Recipe(["--config", DEMO, "--out", str(out), "--n-train", "2", "--n-validation", "1", "--size", "8",
                    "--workers", "1"], [out / "train", out / "validation"], out, nonfinite=False)
 
 

@@ -397,7 +397,7 @@ def test_modes_follow_the_umask(tiny_cosmo_data, tmp_path):
     """Generated data and run folders come out as plain open()/mkdir() would make them (0664/0775 under
     umask 002), readable by the group on a shared file system, not mkstemp's 0600."""
     command = [sys.executable, "-m", "cosmoflow.mock", "--config", DEMO, "--out", str(tmp_path / "data"),
-               "--n-train", "2", "--n-valid", "1", "--size", "8", "--workers", "1"]
+               "--n-train", "2", "--n-validation", "1", "--size", "8", "--workers", "1"]
     result = subprocess.run(command, cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300,
                             preexec_fn=lambda: os.umask(0o002))
     assert result.returncode == 0, result.stderr[-2000:]

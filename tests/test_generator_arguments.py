@@ -20,7 +20,7 @@ HEP = ["hep_cnn.synth", "--config", "configs/hep_cnn/demo.yaml"]
 CAM5 = ["climate_seg.cam5.synth"]
 
 NOT_POSITIVE = [
-    (COSMO, "--n-train", ["-1"]), (COSMO, "--n-valid", ["0"]), (COSMO, "--size", ["0"]), (COSMO, "--workers", ["0"]),
+    (COSMO, "--n-train", ["-1"]), (COSMO, "--n-validation", ["0"]), (COSMO, "--size", ["0"]), (COSMO, "--workers", ["0"]),
     (COSMO, "--workers", ["2.5"]), (COSMO, "--crops-per-side", ["0"]),
     (HEP, "--n-train", ["0"]), (HEP, "--n-validation", ["-5"]), (HEP, "--n-test", ["-1"]),
     (HEP, "--image-size", ["0"]), (HEP, "--image-size", ["x"]),

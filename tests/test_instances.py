@@ -265,7 +265,7 @@ def test_missing_mock_data_is_generated_once_for_all_instances(tmp_path):
     data = tmp_path / "data"
     args = train_args(data, tmp_path / "job", "--set", "distributed.instances=2", "--set",
                       "data.mock.generate_if_missing=true", "--set", "data.mock.n_train=8", "--set",
-                      "data.mock.n_valid=4", "--set", "data.mock.box_size_mpc_h=64", epochs=1, batch_size=2)
+                      "data.mock.n_validation=4", "--set", "data.mock.box_size_mpc_h=64", epochs=1, batch_size=2)
     result = run_python(args, ranks=2)   # two instances of one rank: both read the same folder
     assert result.stdout.count("generated mock universes in") == 1, result.stdout[-3000:]
     report = json.loads((tmp_path / "job" / "instances.json").read_text())

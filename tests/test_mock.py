@@ -95,3 +95,20 @@ def test_progress_off_a_terminal_is_a_few_lines(tmp_path):
     assert lines == [f"mock train: {n}/640 samples ({s})" for n, s in
                      zip((160, 320, 480, 640), [line.rsplit("(", 1)[1][:-1] for line in lines])]
     assert "\r" not in stream.getvalue()
+
+
+def test_the_old_validation_count_names_are_read_with_a_warning(caplog):
+    from common.config import validate
+    from common.errors import UserInputError
+    from cosmoflow.config import CosmoflowConfig
+    from cosmoflow.mock import build_parser, main
+
+    with caplog.at_level("WARNING", logger="cosmoflow.config"):
+        cfg = validate(CosmoflowConfig, {"data": {"data_dir": "d", "mock": {"n_valid": 7}}}, "test")
+    assert cfg.data.mock.n_validation == 7 and "data.mock.n_valid is deprecated" in caplog.text
+    assert build_parser().parse_args(["--n-valid", "3"]).n_validation == 3
+    assert build_parser().parse_args(["--n-validation", "4"]).n_validation == 4
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="cosmoflow.mock"), pytest.raises(UserInputError, match="--gzip"):
+        main(["--n-valid", "3", "--format", "hdf5", "--gzip"])   # refused after the warning: nothing written
+    assert "--n-valid is deprecated" in caplog.text

@@ -19,7 +19,7 @@ from conftest import REPO, run_python, tiny_cosmo_overrides
 from hep_cnn.synth import write_benchmark
 
 GENERATORS = {   # the smallest data each writes (as in test_outputs.py)
-    "cosmoflow.mock": ["--n-train", "2", "--n-valid", "1", "--size", "8", "--workers", "1"],
+    "cosmoflow.mock": ["--n-train", "2", "--n-validation", "1", "--size", "8", "--workers", "1"],
     "climate_seg.cam5.synth": ["--grid", "8", "12", "--n-train", "1", "--n-validation", "1", "--n-test", "1"],
     "hep_cnn.synth": ["--n-train", "4", "--n-validation", "2", "--n-test", "2", "--image-size", "8"],
 }
