@@ -418,11 +418,11 @@ def test_float16_without_gpu_is_a_config_error(tiny_cosmo_data, tmp_path):
     assert result.returncode == 2 and "use mixed_bfloat16 on CPUs" in result.stderr
 
 
-def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
+def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path, capsys):
     out = tmp_path / "bench.json"
     overrides = tiny_cosmo_overrides(tiny_cosmo_data)
     result = run_python(["-m", "common.tools.bench", "--config", DEMO, *overrides, "--steps", "4", "--json", str(out),
-                         "--profile", str(tmp_path / "trace")])
+                         "--profile", str(tmp_path / "trace"), "--per-layer"])
     report = json.loads(out.read_text())
     assert report["peak_flops"] > 1e9 and report["precision"] == "fp32"
     # The trace folder is the bench's (marked, locked while it traced); a user's folder is never traced into.
@@ -461,6 +461,16 @@ def test_bench_harness_json_contract(tiny_cosmo_data, tmp_path):
     conv_share = sum(row["share"] for row in profile["by_type"] if "Conv3D" in row["type"])
     assert 0.2 < conv_share <= 1.0, profile["by_type"]
     assert "Conv3D" in result.stdout and "top ops" in result.stdout
+    # The per-layer account (tests/test_layer_account.py holds its arithmetic): a row per layer of the network,
+    # its FLOPs the network's (the Conv3D and Dense layers'), the step the compute step measured.
+    account = report["per_layer"]
+    assert sum(row["forward_flops"] for row in account["layers"]) == \
+        report["forward_flops_per_sample"] * report["batch_size"]
+    assert {row["kind"] for row in account["layers"]} >= {"Conv3D", "Dense", "MaxPooling3D"}
+    assert account["step_ms"] == pytest.approx(1e3 * report["global_batch_size"] / compute["samples_per_second"])
+    assert "per layer" in result.stdout and "measured compute step" in result.stdout
+    lone = run_here(["-m", "common.tools.bench", "--config", DEMO, "--input-only", "--per-layer"], capsys)
+    assert lone.returncode == 2 and "--per-layer times the training step" in lone.stderr
 
 
 def test_precision_auto_follows_the_cpu_and_is_recorded(tiny_cosmo_data, tmp_path):

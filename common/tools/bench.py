@@ -35,6 +35,10 @@ application or sample shape, or whose rate is not a positive finite number is a 
 (trace in DIR, viewable in TensorBoard) and prints where the time went by op
 type and by op: how the slow atrous convolutions and unfused batch norms of
 the climate networks were found.
+
+``--per-layer`` also times each layer's forward and backward pass alone on its real input, the optimizer's
+update and the gradients' allreduce, and prints (and records as ``per_layer``) where the measured compute step
+goes, with each layer's FLOPs and ratio to the peak of the run's precision (``common/tools/layer_account.py``).
 """
 
 from __future__ import annotations
@@ -126,7 +130,8 @@ def profile_table(profile: dict) -> str:
     return "\n".join(lines)
 
 
-def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | None = None) -> dict:
+def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | None = None,
+        per_layer: bool = False) -> dict:
     """The four measurements (peak, compute, input, end to end) for ``application``'s config, on ``dist``'s ranks."""
     # deferred: the engine modules that import TensorFlow (--help answers without them)
     from common.loop.callbacks import state_variables
@@ -162,6 +167,13 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
     end_to_end = _timed_fit(model, datasets.train_stream(0, epochs + 1), steps, warmup, global_batch)
     compute_flops = compute * TRAINING_FLOPS_FACTOR * flops
     ratio_to_peak = compute_flops / peak_used if peak_used else None
+    layers = None
+    if per_layer:   # this rank's step: its batch at the rates summed over ranks
+        from common.tools.layer_account import account   # deferred: imports TensorFlow
+
+        peak_here = peak_used / dist.size if peak_used else None
+        layers = account(network, model, dist, batch[0], global_batch / compute, global_batch / end_to_end,
+                         peak_here)
     return {
         "app": application.name,
         "sample_shape": sample_shape(datasets),
@@ -187,6 +199,7 @@ def run(application, cfg, dist, steps: int, warmup: int = 3, profile_dir: str | 
         "input": {"samples_per_second": input_rate, "ratio_to_compute": input_rate / compute},
         "end_to_end": {"samples_per_second": end_to_end, "ratio_to_compute": end_to_end / compute},
         **({"profile": profile} if profile else {}),
+        **({"per_layer": layers} if layers else {}),
     }
 
 
@@ -361,6 +374,8 @@ def spread_note(measurements: dict) -> str:
 
 def table(result: dict) -> str:
     """A :func:`run` result as the table the command prints."""
+    from common.tools import layer_account   # deferred: imports TensorFlow (--help answers without it)
+
     gf = lambda x: f"{x / 1e9:.1f}" if x else "-"  # noqa: E731
     c, i, e = result["compute"], result["input"], result["end_to_end"]
     ratio = f"{c['ratio_to_peak']:.2f}" if c["ratio_to_peak"] else "-"
@@ -380,7 +395,8 @@ def table(result: dict) -> str:
         f"ratio to peak {ratio}",
         f"  input pipeline   {i['samples_per_second']:9.2f} samples/s  ratio to compute {i['ratio_to_compute']:.2f}",
         f"  end to end       {e['samples_per_second']:9.2f} samples/s  ratio to compute {e['ratio_to_compute']:.2f}",
-    ] + ([profile_table(result["profile"])] if result.get("profile") else []))
+    ] + ([profile_table(result["profile"])] if result.get("profile") else [])
+      + ([layer_account.account_table(result["per_layer"])] if result.get("per_layer") else []))
 
 
 # -- a result read back: what --compare and common.tools.scaling may trust --------------------------------------
@@ -503,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", help="write the result here (a new file, or one this suite wrote)")
     parser.add_argument("--force", action="store_true", help="replace a --json file this suite did not write")
     parser.add_argument("--profile", metavar="DIR", help="also trace compute steps here and print the op times")
+    parser.add_argument("--per-layer", action="store_true",
+                        help="also time each layer's forward and backward alone on its real input, the optimizer "
+                             "and the allreduce, and print where the step's time goes (common/tools/layer_account.py)")
     parser.add_argument("--input-only", action="store_true",
                         help="time the input pipeline alone (1 core and all) against the simplest loop's ceiling")
     parser.add_argument("--stage-decompressed", metavar="DIR",
@@ -520,6 +539,8 @@ def main(argv=None) -> int:
         parser.error("--config is required")
     if args.stage_decompressed and not args.input_only:
         parser.error("--stage-decompressed goes with --input-only")
+    if args.per_layer and args.input_only:
+        parser.error("--per-layer times the training step; --input-only times no step")
     # The outputs, one transaction: --profile a folder of the bench's own (new, empty, or an earlier trace's,
     # which this one replaces: rank<r>/ per rank), --json a file (absent, or an earlier bench result), checked
     # before the benchmark runs and committed when it has.
@@ -564,9 +585,9 @@ def main(argv=None) -> int:
             result = input_only(application, cfg, dist, args.steps, stage_decompressed=args.stage_decompressed)
         elif args.profile:
             with transaction.directory(f"rank{dist.rank}") as logdir:
-                result = run(application, cfg, dist, args.steps, profile_dir=str(logdir))
+                result = run(application, cfg, dist, args.steps, profile_dir=str(logdir), per_layer=args.per_layer)
         else:
-            result = run(application, cfg, dist, args.steps)
+            result = run(application, cfg, dist, args.steps, per_layer=args.per_layer)
         # What was measured, for whoever reads the result back (read_result, check_workload).
         result = {"config": args.config, "overrides": overrides, **result}
         dist.barrier()   # every rank's trace staged
