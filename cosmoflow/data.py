@@ -204,16 +204,18 @@ def _pipeline(cfg: CosmoflowConfig, records: tf.data.Dataset, training: bool, se
 
 @dataclasses.dataclass
 class CosmoflowSplit(epochs.Split):
-    """A split as the engine takes it, with the layout its files hold (what its batches are finished by)."""
+    """A split as the engine takes it, with the layout its files hold (what its batches are finished by) and
+    what its family selected (what staging copies)."""
 
     layout: SampleLayout | None = None
+    selection: Selection | None = None
 
 
 def _split_of(cfg: CosmoflowConfig, name: str, where: str, family, selection: Selection) -> CosmoflowSplit:
     """The engine's split of what ``family`` selected: its samples read by the family (:mod:`cosmoflow.formats`)."""
     return CosmoflowSplit(name=name, where=where, count=selection.count, items=selection.items,
                           skipped=list(selection.problems), find_bad_file=family.bad_file_finder(cfg, selection),
-                          layout=selection.layout,
+                          layout=selection.layout, selection=selection,
                           read=lambda dist, seed, training: family.read(cfg, selection, dist, seed, training))
 
 
@@ -223,16 +225,15 @@ def split(cfg: CosmoflowConfig, name: str, dist: Distributed, selected: bool = F
     (what training uses), read in file order or shuffled.  ``items``: the files, or (file, crop) pairs for HDF5."""
     data = cfg.data
     family = formats.family(data.format)
-    selection = family.select(cfg, pathlib.Path(data.data_dir) / name, *(data.requested(name) if selected else
-                                                                          (None, None)), dist)
+    requested, key = data.requested(name) if selected else (None, None)
+    selection = family.select(cfg, pathlib.Path(data.data_dir) / name, requested, key, dist)
     return _split_of(cfg, name, f"{data.data_dir}/{name}", family, selection)
 
 
 def staged(cfg: CosmoflowConfig, train: CosmoflowSplit, dist: Distributed) -> CosmoflowSplit:
     """``train`` read from this rank's copies in ``data.stage_dir`` (a fixed share, shuffled per epoch), staged
     now by its family (:func:`cosmoflow.formats.tfrecord.stage`)."""
-    selection = Selection(list(train.items), train.count, train.layout, tuple(train.skipped))
-    family, copies = formats.family(cfg.data.format).stage(cfg, selection, dist)
+    family, copies = formats.family(cfg.data.format).stage(cfg, train.selection, dist)
     return _split_of(cfg, train.name, train.where, family, copies)
 
 
