@@ -323,12 +323,21 @@ def apply_values(raw: dict, values: dict[str, Any], source: str) -> dict:
     return result
 
 
+# Keys renamed, read under their old name until 0.2.0 (each schema's validator warns and maps it): old -> new.
+RENAMED_KEYS = {"n_valid": "n_validation"}
+
+
 def _set_path(node: dict, parts: list[str], value, where: str) -> None:
     for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
             raise ConfigError(f"{where}: {'.'.join(parts[: depth + 1])} is a value, not a section")
         node = child
+    # A value set over the file's under the other spelling of a renamed key replaces it (the file giving both
+    # spellings stays an error): `--set data.n_validation=8` on an old config, `data.mock.n_valid=8` on a new one.
+    for old, new in RENAMED_KEYS.items():
+        if parts[-1] in (old, new):
+            node.pop(new if parts[-1] == old else old, None)
     node[parts[-1]] = value
 
 

@@ -275,8 +275,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n-train", type=positive_int_argument, help="training samples (default: data.mock.n_train)")
     parser.add_argument("--n-validation", type=positive_int_argument,
                         help="validation samples (default: data.mock.n_validation)")
-    # The old name, read until 0.2.0 with a warning (hep_cnn.synth and climate_seg.cam5.synth say --n-validation).
-    parser.add_argument("--n-valid", type=positive_int_argument, dest="n_validation", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=positive_int_argument,
                         help="voxels per side of one sample (default: data.sample_shape[0])")
     parser.add_argument("--format", choices=["tfrecord", "hdf5"])
@@ -289,10 +287,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_renamed_options(argv: list[str]) -> None:
+    """``--n-valid``, the old name of ``--n-validation`` (hep_cnn.synth and climate_seg.cam5.synth say so too), is
+    read until 0.2.0 as argparse reads it, an abbreviation of the new one: with a warning, and refused beside the new
+    name (argparse would take whichever came last)."""
+    names = [arg.split("=")[0] for arg in argv]
+    if "--n-valid" not in names:
+        return
+    if sum(len(name) > len("--n-va") and "--n-validation".startswith(name) for name in names) > 1:
+        raise UserInputError("--n-valid is the old name of --n-validation: give only --n-validation")
+    log.warning("--n-valid is deprecated (read until 0.2.0): call it --n-validation")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if any(arg.split("=")[0] == "--n-valid" for arg in (sys.argv[1:] if argv is None else argv)):
-        log.warning("--n-valid is deprecated (read until 0.2.0): call it --n-validation")
+    check_renamed_options(sys.argv[1:] if argv is None else list(argv))
 
 
     raw_defaults = {"data": {"data_dir": args.out or "data/cosmoflow-mock"}}

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from conftest import REPO
 from cosmoflow.config import MockSection
 from cosmoflow.mock import (cosmology_for, gaussian_random_field_k, generate_dataset, make_universe,
                             measure_power_spectrum, normalise_targets, zeldovich_counts)
@@ -97,8 +98,9 @@ def test_progress_off_a_terminal_is_a_few_lines(tmp_path):
     assert "\r" not in stream.getvalue()
 
 
-def test_the_old_validation_count_names_are_read_with_a_warning(caplog):
-    from common.config import validate
+def test_the_old_validation_count_names_are_read_with_a_warning(caplog, tmp_path):
+    from common.config import load_config, validate
+    from common.errors import ConfigError
     from common.errors import UserInputError
     from cosmoflow.config import CosmoflowConfig
     from cosmoflow.mock import build_parser, main
@@ -108,7 +110,24 @@ def test_the_old_validation_count_names_are_read_with_a_warning(caplog):
     assert cfg.data.mock.n_validation == 7 and "data.mock.n_valid is deprecated" in caplog.text
     assert build_parser().parse_args(["--n-valid", "3"]).n_validation == 3
     assert build_parser().parse_args(["--n-validation", "4"]).n_validation == 4
+    assert build_parser().parse_args(["--n-val", "5"]).n_validation == 5   # an abbreviation, as before the rename
     caplog.clear()
     with caplog.at_level("WARNING", logger="cosmoflow.mock"), pytest.raises(UserInputError, match="--gzip"):
         main(["--n-valid", "3", "--format", "hdf5", "--gzip"])   # refused after the warning: nothing written
     assert "--n-valid is deprecated" in caplog.text
+    # Both names: refused (argparse alone takes the last), whichever comes first and however written.
+    for argv in (["--n-valid", "3", "--n-validation", "4"], ["--n-validation=4", "--n-valid=3"],
+                 ["--n-valid", "3", "--n-validat", "4"]):
+        with pytest.raises(UserInputError, match="give only --n-validation"):
+            main([*argv, "--out", "nowhere-written"])
+    # A --set of either spelling replaces the config file's count under the other (the file giving both is refused).
+    demo = str(REPO / "configs/cosmoflow/demo.yaml")   # (it says data.mock.n_validation)
+    assert load_config(CosmoflowConfig, demo, ["data.mock.n_valid=5"]).data.mock.n_validation == 5
+    old = tmp_path / "old.yaml"
+    old.write_text("data: {data_dir: d, n_valid: 3, mock: {n_valid: 2}}\n")
+    cfg = load_config(CosmoflowConfig, old, ["data.n_validation=4", "data.mock.n_validation=6"])
+    assert (cfg.data.n_validation, cfg.data.mock.n_validation) == (4, 6)
+    both = tmp_path / "both.yaml"
+    both.write_text("data: {data_dir: d, n_valid: 3, n_validation: 4}\n")
+    with pytest.raises(ConfigError, match="give only data.n_validation"):
+        load_config(CosmoflowConfig, both)
