@@ -67,5 +67,16 @@ def test_the_account_of_a_step_adds_up_and_counts_backward_flops_by_the_conventi
     parts = result["layers_ms"] + result["optimizer_ms"] + result["allreduce_ms"]
     assert result["parts_over_step"] == pytest.approx(parts / 10.0)
     assert result["outside_ms"] == pytest.approx(10.0 - parts)
+    assert result["parts_exceed_step"] == (parts > 10.0)
+    for row in rows.values():
+        ratios = [r for r in (row["forward_ratio_to_peak"], row["backward_ratio_to_peak"]) if r is not None]
+        assert row["beyond_resolution"] == any(r > 1.0 for r in ratios)
     table = layer_account.account_table(result)
     assert all(name in table for name in rows) and "measured compute step 10.00 ms" in table
+    # A step shorter than its parts: no negative remainder printed, the reason said; a ratio above 1 starred.
+    short = {**result, "step_ms": parts / 2, "outside_ms": -parts / 2, "parts_over_step": 2.0,
+             "parts_exceed_step": True,
+             "layers": [{**result["layers"][0], "forward_ratio_to_peak": 3.0, "beyond_resolution": True}]}
+    table = layer_account.account_table(short)
+    assert "(the parts exceed the step)" in table and "-" + f"{parts / 2:.2f}" not in table
+    assert "* above the peak" in table and table.splitlines()[2].endswith(" *")
