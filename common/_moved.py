@@ -64,6 +64,45 @@ def register(moved: dict[str, str]) -> None:
     MOVED.update(moved)
 
 
+# Names that left a module that stays, when the engine's storage hubs were split along their concepts (0.1.x):
+# module -> {name: its new home, or (home, its new name)}.  Served by the module's ``__getattr__``
+# (:func:`forward_names`), with the same warning, until REMOVED_IN.  Not here: ``shuffled_shards`` and
+# ``shards_files`` (the rank share is ``common.loop.epochs.rank_share``, a call of another shape).
+_STAGING = ("COPY_CHUNK_BYTES", "RANK_FOLDER", "STAGE_LOCK", "STAGE_MANIFEST", "StagedFormat", "check_stage_dir",
+            "copy_identity", "copy_with_crc32c", "crc32c_of", "gunzip_with_crc32c", "hold_stage_lock",
+            "remove_killed_copies", "source_identity", "stage_files", "staged_entries", "staged_name")
+_RUN_DIRS = ("RUN_KINDS", "RunDirLock", "check_run_dir", "check_run_files", "check_run_kind", "in_use", "launch_log",
+             "mark_run_dir", "record_external", "recorded_instances", "refuse_if_locked", "run_kind")
+MOVED_NAMES = {
+    "common.storage.data": {**dict.fromkeys(_STAGING, "common.storage.staging"),
+                            "expand_environment": ("common.storage.staging", "expand_stage_dir"),
+                            "epoch_seed": "common.loop.epochs", "steps_for": "common.loop.epochs",
+                            "data_error_from_pipeline": "common.errors",
+                            "atomic_path": "common.storage.outputs", "write_json": "common.storage.outputs"},
+    "common.storage.outputs": {**dict.fromkeys(_RUN_DIRS, "common.storage.run_dirs"),
+                               "is_empty_folder": "common.storage.generated",
+                               "require_fillable": "common.storage.generated"},
+    "common.storage.transaction": dict.fromkeys(("generated_folder", "sweep_work_folders", "WORK_LOCK"),
+                                                "common.storage.generated"),
+}
+
+
+def forward_names(module: str):
+    """The ``__getattr__`` of ``module`` (PEP 562): a name of :data:`MOVED_NAMES` that left it, taken from its new
+    home with a warning naming both; anything else the AttributeError Python gives."""
+    moved = MOVED_NAMES[module]
+
+    def __getattr__(name: str):
+        if name not in moved:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        home, new_name = moved[name] if isinstance(moved[name], tuple) else (moved[name], name)
+        warnings.warn(f"{module}.{name} moved to {home}.{new_name}; import it from there (the old name is removed "
+                      f"in {REMOVED_IN})", CATEGORY, stacklevel=2)
+        return getattr(importlib.import_module(home), new_name)
+
+    return __getattr__
+
+
 def run_as_main(old: str) -> None:
     """``python -m old``: the warning, then the new module run as ``__main__`` with this process's arguments."""
     new = MOVED[old]

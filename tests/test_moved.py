@@ -79,6 +79,32 @@ def test_old_imports_warn_once_and_give_the_new_module(tmp_path):
     assert warnings == expected, result.stderr
 
 
+def test_names_that_left_a_split_module_are_served_from_their_home_with_the_warning(tmp_path):
+    """The storage hubs split along their concepts (0.1.x): every name that left a module that stays still reads
+    from it (and so from its old path), the very object of its new home, with a warning naming both; any other
+    missing name is the AttributeError Python gives."""
+    lines = ["import importlib, warnings", "warnings.simplefilter('always')", "ok = []"]
+    for module, names in _moved.MOVED_NAMES.items():
+        for name, home in names.items():
+            home, new_name = home if isinstance(home, tuple) else (home, name)
+            lines.append(f"ok.append(getattr(importlib.import_module({module!r}), {name!r}) is "
+                         f"getattr(importlib.import_module({home!r}), {new_name!r}))")
+    lines += ["from common.data import stage_files", "from common.outputs import RunDirLock",
+              "import common.storage.data",
+              "try:\n    common.storage.data.no_such_name\nexcept AttributeError as error:\n    print(error)",
+              "print(all(ok), len(ok))"]
+    script = tmp_path / "users_script.py"
+    script.write_text("\n".join(lines) + "\n")
+    result = _run([str(script)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    count = sum(len(names) for names in _moved.MOVED_NAMES.values())
+    assert result.stdout.split("\n")[:2] == ["module 'common.storage.data' has no attribute 'no_such_name'",
+                                             f"True {count}"], result.stdout
+    assert ("FutureWarning: common.storage.data.stage_files moved to common.storage.staging.stage_files; import it "
+            f"from there (the old name is removed in {_moved.REMOVED_IN})") in result.stderr
+    assert "common.storage.data.expand_environment moved to common.storage.staging.expand_stage_dir" in result.stderr
+
+
 @pytest.mark.parametrize("old", COMMANDS)
 def test_old_command_help_answers_with_the_warning_and_no_tensorflow(old):
     new = SHIMS[old]

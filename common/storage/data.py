@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from common import _moved
 from common.errors import DataError
 from common.storage.sample_files import bad_entries_message, entry_problem
 
@@ -167,3 +168,7 @@ def select_count(available: int, requested: int | None, key: str, where: str) ->
     if requested > available:
         raise DataError(f"{key}={requested} but only {available} samples are present in {where}")
     return requested
+
+
+# Names that moved to the modules split from this one, served with a warning until 0.2.0 (common/_moved.py).
+__getattr__ = _moved.forward_names(__name__)

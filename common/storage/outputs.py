@@ -33,6 +33,7 @@ import tempfile
 
 import numpy as np
 
+from common import _moved
 from common.deferred import h5py   # at first use: only for an HDF5 file (the module serves --help paths)
 from common.errors import UserInputError
 
@@ -337,3 +338,7 @@ def check_writable_folder(folder, what: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserInputError(f"{folder}: {what} is not writable "
                              + (f"(no write permission on {existing})" if existing != folder else "(no write permission)"))
+
+
+# Names that moved to the modules split from this one, served with a warning until 0.2.0 (common/_moved.py).
+__getattr__ = _moved.forward_names(__name__)

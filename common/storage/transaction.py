@@ -60,6 +60,7 @@ from typing import Callable, Iterable
 import numpy as np
 import yaml
 
+from common import _moved
 from common.deferred import h5py
 from common.errors import NonFiniteOutput, Terminated, UserInputError
 from common.storage import outputs, run_dirs
@@ -1089,3 +1090,7 @@ def write_json_file(path, payload: dict, command: str, force: bool = False, inpu
     transaction = file_transaction(path, command, force, inputs)
     with transaction, transaction.reading(source or path):
         transaction.json(path, payload)
+
+
+# Names that moved to the modules split from this one, served with a warning until 0.2.0 (common/_moved.py).
+__getattr__ = _moved.forward_names(__name__)
