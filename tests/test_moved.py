@@ -29,6 +29,15 @@ def _run(args, cwd=REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+def _users_script(lines: list[str], folder) -> subprocess.CompletedProcess:
+    """``lines`` run as a user's script in ``folder`` (as scripts are run: Python's default warning filters)."""
+    script = folder / "users_script.py"
+    script.write_text("\n".join(lines) + "\n")
+    result = _run([str(script)], cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def test_the_old_paths_users_had_are_kept():
     # The ones the issue names, and every common/ module that moved into a subpackage (git log --diff-filter=R).
     named = {"common.bench", "common.scaling", "common.check_data", "common.optimizers"}
@@ -68,10 +77,8 @@ def test_old_imports_warn_once_and_give_the_new_module(tmp_path):
               "print(all(sys.modules[old] is sys.modules[new] for old, new in pairs))",
               "import common, common.nn.optimizers",
               "print(common.optimizers is common.nn.optimizers, common.optimizers.LARS is common.nn.optimizers.LARS)"]
+    result = _users_script(lines, tmp_path)
     script = tmp_path / "users_script.py"
-    script.write_text("\n".join(lines) + "\n")
-    result = _run([str(script)], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "True", "True"]
     warnings = [line for line in result.stderr.splitlines() if "FutureWarning" in line]
     expected = [f"{script}:{number}: FutureWarning: {old} moved to {new}; import it from there (the old path is "
@@ -93,10 +100,7 @@ def test_names_that_left_a_split_module_are_served_from_their_home_with_the_warn
               "import common.storage.data",
               "try:\n    common.storage.data.no_such_name\nexcept AttributeError as error:\n    print(error)",
               "print(all(ok), len(ok))"]
-    script = tmp_path / "users_script.py"
-    script.write_text("\n".join(lines) + "\n")
-    result = _run([str(script)], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    result = _users_script(lines, tmp_path)
     count = sum(len(names) for names in _moved.MOVED_NAMES.values())
     assert result.stdout.split("\n")[:2] == ["module 'common.storage.data' has no attribute 'no_such_name'",
                                              f"True {count}"], result.stdout
