@@ -109,6 +109,20 @@ def test_two_jobs_staging_into_one_folder_at_once_the_second_is_refused_and_the_
     assert {pathlib.Path(p).name: pathlib.Path(p).read_bytes() for p in again} == datasets[refused]
 
 
+def test_fewer_files_than_ranks_is_one_line_on_every_rank_before_anything_is_staged(tmp_path):
+    """Staging deals whole files to ranks: with fewer files than ranks one rank would stage none (its reader then
+    failed with a TypeError traceback while the others trained on).  Every rank gets the same one-line refusal."""
+    write_dataset(tmp_path / "data", b"one", names=("a",))
+    files = sources(tmp_path / "data")
+    stage = tmp_path / "stage"
+    for rank in (0, 1):
+        dist = Distributed()
+        dist.rank, dist.size = rank, 2
+        with pytest.raises(DataError, match=r"1 training file\(s\) for 2 ranks: staging gives each rank whole files"):
+            stage_files(files, str(stage), dist, data_dir=str(tmp_path / "data"))
+    assert not stage.exists()
+
+
 # -- copies identified by their content ------------------------------------------------------------------------
 
 def test_copies_of_another_dataset_put_in_place_are_staged_again(tmp_path):

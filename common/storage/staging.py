@@ -297,6 +297,10 @@ def stage_files(files: list[str], stage_dir: str, dist, decompress: bool = False
     """
     root = pathlib.Path(expand_stage_dir(stage_dir))
     check_stage_dir(root, [*([data_dir] if data_dir else []), *{os.path.dirname(os.path.abspath(f)) for f in files}])
+    if len(files) < dist.size:   # the same verdict on every rank: each stops with the one line, none waits
+        raise DataError(f"{root}: {len(files)} training file(s) for {dist.size} ranks: staging gives each rank whole "
+                        "files and a rank would stage none; stage at least one file per rank, or train without "
+                        "data.stage_dir (the ranks then share the files' samples)")
     mine = files[dist.rank::dist.size]
     # Instances (distributed.instances) share a node's stage_dir: each rank of each instance has its own folder.
     mine_name = (f"rank-{dist.rank}" if getattr(dist, "instances", 1) == 1
