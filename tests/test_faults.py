@@ -234,7 +234,7 @@ def test_a_second_training_on_the_same_folder_is_refused_and_ctrl_c_ends_the_fir
     assert said == [f"interrupted (Ctrl-C); {run_dir}: a rerun with --resume continues from the newest checkpoint "
                     "there, if the run had written one (exit 130)"]
     attempts = json.loads((run_dir / "attempts.json").read_text())
-    assert attempts["attempts"][-1]["status"] == "interrupted", attempts
+    assert (attempts["attempts"][-1]["status"], attempts["attempts"][-1]["exit_code"]) == ("interrupted", 130), attempts
     latest = checkpoint.latest_checkpoint(run_dir / "checkpoints")
     assert latest is not None   # what the line says is there
     header, *rows = (run_dir / "history.csv").read_text().splitlines()

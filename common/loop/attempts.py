@@ -32,8 +32,8 @@ import pathlib
 import socket
 import time
 
-from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_HUNG, EXIT_NONFINITE, EXIT_PREEMPTED, NonFiniteLoss,
-                           Preempted, UserInputError)
+from common.errors import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_HUNG, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_PREEMPTED,
+                           NonFiniteLoss, Preempted, UserInputError)
 from common.storage import outputs
 
 log = logging.getLogger(__name__)
@@ -114,15 +114,19 @@ class Attempt:
         reason = None
         if exc is not None:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        self.end(ending_of(exc), reason)
+        # An interruption's code is the one the process ends with: Ctrl-C's 130, a SystemExit's own (SIGTERM's 143).
+        code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else (
+            exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else None)
+        self.end(ending_of(exc), reason, exit_code=code)
 
-    def end(self, status: str, reason: str | None = None) -> None:
-        """Record how this attempt ended (a status of :data:`ENDINGS`); nothing before :meth:`begin` or after
-        an earlier end."""
+    def end(self, status: str, reason: str | None = None, exit_code: int | None = None) -> None:
+        """Record how this attempt ended (a status of :data:`ENDINGS`, with its exit code unless ``exit_code``
+        gives an interruption's); nothing before :meth:`begin` or after an earlier end."""
         if not self.attempts or self.attempts[-1]["status"] != "running":
             return
         now = time.time()
-        self.attempts[-1].update(status=status, exit_code=ENDINGS[status][0], reason=reason and reason[:500],
+        code = ENDINGS[status][0] if ENDINGS[status][0] is not None else exit_code
+        self.attempts[-1].update(status=status, exit_code=code, reason=reason and reason[:500],
                                  ended=_iso(now), ended_unix=now)
         self._write()
 
