@@ -104,10 +104,16 @@ class CosmoDataSection(CountedDataSection):
             raise ValueError("data.target_offset and data.target_scale go together")
         if self.target_offset is not None and len(self.target_offset) != len(self.target_scale):
             raise ValueError("data.target_offset and data.target_scale need one value per file target each")
-        if self.stage_decompress and not (self.stage_dir and self.format == "tfrecord" and self.compression == "gzip"):
-            raise ValueError("data.stage_decompress needs data.stage_dir, data.format: tfrecord and "
-                             "data.compression: gzip (it stages GZIP TFRecords uncompressed)")
+        if self.stage_decompress and not (self.stage_dir and self.stages_inflated()):
+            inflated = [formats.family(name) for name in formats.FAMILIES if formats.stages_inflated(name, "gzip")]
+            raise ValueError(f"data.stage_decompress needs data.stage_dir, data.format: "
+                             f"{' or '.join(family.NAME for family in inflated)} and data.compression: gzip (it "
+                             f"stages GZIP {' or '.join(family.WHAT for family in inflated)} files uncompressed)")
         return self
+
+    def stages_inflated(self) -> bool:
+        """Whether ``stage_decompress`` has files to inflate (:func:`cosmoflow.formats.stages_inflated`)."""
+        return formats.stages_inflated(self.format, self.compression)
 
 
 class CosmoModelSection(Section):

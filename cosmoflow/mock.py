@@ -12,9 +12,10 @@ like ``unitPar`` in the MLPerf data.
     python -m cosmoflow.mock --config configs/cosmoflow/demo.yaml
     python -m cosmoflow.mock --out DIR --n-train 64 --n-validation 16 --size 64 [--format hdf5]
 
-Output layout: ``DIR/train/`` and ``DIR/validation/``, one TFRecord file per
-sample (MLPerf layout: ``x`` int16 bytes, ``y`` float32[4]), or HDF5 files with
-``full`` (counts, channels last) and ``unitPar``.  ``DIR`` must be absent or
+Output layout: ``DIR/train/`` and ``DIR/validation/``, one file per sample,
+written by its family (``cosmoflow.formats``): a TFRecord (MLPerf layout: ``x``
+int16 bytes, ``y`` float32[4]), or an HDF5 file with ``full`` (counts, channels
+last) and ``unitPar``.  ``DIR`` must be absent or
 empty (or a symbolic link to an empty folder, which is filled); it appears only
 when complete (written to a new folder beside it and renamed,
 :func:`common.storage.generated.generated_folder`), and whatever would stop that
@@ -32,21 +33,19 @@ import pathlib
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-import h5py
 import numpy as np
 
 from common.cli import exit_process, non_negative_int_argument, positive_int_argument, run_command
 from common.config import load_config
-from common.storage.outputs import mark_hdf5
 from common.storage.generated import generated_folder
 from common.console.progress import Progress
-from common.deferred import tensorflow as tf   # imported at first use: only the TFRecord layout needs it
 from common.errors import ConfigError, UserInputError
-from cosmoflow.config import TARGET_NAMES, CosmoflowConfig, MockSection
+from cosmoflow import formats
+from cosmoflow.config import CosmoflowConfig, MockSection
 from cosmoflow.summaries import rfft_mode_weights, wavenumbers
 
-# Imported where used, not here: colossus (1.1 s to import; only for a power spectrum), TensorFlow (only to write
-# TFRecords), h5py (only for the HDF5 layout).
+# Imported where used, not here: colossus (1.1 s to import; only for a power spectrum).  Each file family writes
+# its own files (cosmoflow.formats: file_name, write_sample), importing TensorFlow or h5py at its first write.
 
 log = logging.getLogger(__name__)
 
@@ -156,32 +155,6 @@ def make_universe(params: np.ndarray, grid: int, mock: MockSection, rng: np.rand
     return zeldovich_counts(delta_k, lattice, box, grid, growth)
 
 
-# -- writers ----------------------------------------------------------------------
-
-def write_tfrecord(path, samples, compression: str = "none") -> None:
-    """Samples [(x int16 array, y float32[4])] as TFRecord examples (MLPerf layout)."""
-    options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
-    with tf.io.TFRecordWriter(str(path), options) as writer:
-        for x, y in samples:
-            example = tf.train.Example(features=tf.train.Features(feature={
-                "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[np.asarray(x, np.int16).tobytes()])),
-                "y": tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(y, np.float32).tolist())),
-            }))
-            writer.write(example.SerializeToString())
-
-
-def write_hdf5(path, full: np.ndarray, unit_par: np.ndarray, physical: np.ndarray | None = None) -> None:
-    """A raw-format file: ``full`` (counts, channels last) and ``unitPar`` (targets in [-1, 1])."""
-    with h5py.File(path, "w") as f:
-        mark_hdf5(f, "cosmoflow.mock")
-        f.create_dataset("full", data=np.asarray(full, np.int16), chunks=True)
-        f.create_dataset("unitPar", data=np.asarray(unit_par, np.float32))
-        f.create_dataset("namePar", data=np.array(TARGET_NAMES, dtype="S"))   # as the real files name them
-        if physical is not None:
-            f.create_dataset("physPar", data=np.asarray(physical, np.float64))
-            f["physPar"].attrs["names"] = ",".join(TARGET_NAMES)
-
-
 def seeded_universe(task: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(counts, unitPar, physical parameters) of sample ``index`` of split ``split_id``: a function of
     (mock.seed, split_id, index) alone, so any worker computes the same sample."""
@@ -205,9 +178,12 @@ def generate_dataset(out_dir, n_train: int, n_validation: int, grid: int, mock: 
     """Write ``out_dir/train`` and ``out_dir/validation``; atomic at the directory level.
 
     ``out_dir`` must be absent or empty.  Samples are computed by ``workers`` processes (default: one per
-    available CPU) and written in order by this one; the files are the same whatever the number of workers."""
+    available CPU) and written in order by this one, each a file named and written by the family ``file_format``
+    (its ``file_name`` and ``write_sample``); the files are the same whatever the number of workers."""
     out_dir = pathlib.Path(out_dir)
-    extension = {"tfrecord": ".tfrecord" + (".gz" if compression == "gzip" else ""), "hdf5": ".h5"}[file_format]
+    family = formats.family(file_format)
+    # data.compression is an option of the families whose files have it; the others write theirs as they are.
+    compression = compression if compression in family.COMPRESSIONS else "none"
     side = grid * crops_per_side
     box = mock.box_size_mpc_h * crops_per_side
     workers = max(1, min(workers or available_cpus(), n_train + n_validation))
@@ -222,11 +198,8 @@ def generate_dataset(out_dir, n_train: int, n_validation: int, grid: int, mock: 
                 universes = pool.map(seeded_universe, tasks) if pool else map(seeded_universe, tasks)
                 with Progress(count, f"mock {split}", "samples", enabled=progress) as bar:
                     for index, (counts, unit, params) in enumerate(universes):
-                        path = split_dir / f"univ_{split}_{index:06d}{extension}"
-                        if file_format == "tfrecord":
-                            write_tfrecord(path, [(counts, unit)], compression)
-                        else:
-                            write_hdf5(path, counts, unit, params)
+                        path = split_dir / family.file_name(f"univ_{split}_{index:06d}", compression)
+                        family.write_sample(path, counts, unit, params, compression)
                         bar.update()
         finally:
             if pool is not None:
@@ -277,10 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="validation samples (default: data.mock.n_validation)")
     parser.add_argument("--size", type=positive_int_argument,
                         help="voxels per side of one sample (default: data.sample_shape[0])")
-    parser.add_argument("--format", choices=["tfrecord", "hdf5"])
-    parser.add_argument("--gzip", action="store_true", help="GZIP-compressed TFRecords")
+    parser.add_argument("--format", choices=list(formats.FAMILIES))
+    parser.add_argument("--gzip", action="store_true",
+                        help=f"GZIP-compressed {families_that(lambda family: 'gzip' in family.COMPRESSIONS)[0]} files")
     parser.add_argument("--crops-per-side", type=positive_int_argument, default=1,
-                        help="HDF5: volumes of (size * this)^3, cut into crops")
+                        help=f"{families_that(lambda family: family.HOLDS_CROPS)[0]}: volumes of (size * this)^3, "
+                             "cut into crops")
     parser.add_argument("--seed", type=non_negative_int_argument, help="default: data.mock.seed")
     parser.add_argument("--workers", type=positive_int_argument,
                         help="processes computing samples (default: one per CPU)")
@@ -299,6 +274,13 @@ def check_renamed_options(argv: list[str]) -> None:
     log.warning("--n-valid is deprecated (read until 0.2.0): call it --n-validation")
 
 
+def families_that(declares) -> tuple[str, str]:
+    """The families whose declarations satisfy ``declares``, for a refusal naming them: (their names in
+    messages, their --format values), each joined by "or"."""
+    chosen = [family for family in map(formats.family, formats.FAMILIES) if declares(family)]
+    return " or ".join(family.WHAT for family in chosen), " or ".join(family.NAME for family in chosen)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     check_renamed_options(sys.argv[1:] if argv is None else list(argv))
@@ -310,11 +292,14 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out or data.data_dir)
     mock = data.mock.model_copy(update={"seed": args.seed} if args.seed is not None else {})
     file_format = args.format or data.format
-    if args.crops_per_side > 1 and file_format != "hdf5":
-        raise UserInputError(f"--crops-per-side {args.crops_per_side}: only HDF5 files hold volumes cut into "
-                             f"crops (--format hdf5); a {file_format} file holds one sample")
-    if args.gzip and file_format != "tfrecord":
-        raise UserInputError(f"--gzip: only TFRecord files are compressed (--format tfrecord), not {file_format}")
+    family = formats.family(file_format)
+    if args.crops_per_side > 1 and not family.HOLDS_CROPS:
+        what, names = families_that(lambda other: other.HOLDS_CROPS)
+        raise UserInputError(f"--crops-per-side {args.crops_per_side}: only {what} files hold volumes cut into "
+                             f"crops (--format {names}); a {file_format} file holds one sample")
+    if args.gzip and "gzip" not in family.COMPRESSIONS:
+        what, names = families_that(lambda other: "gzip" in other.COMPRESSIONS)
+        raise UserInputError(f"--gzip: only {what} files are compressed (--format {names}), not {file_format}")
     if dataset_present(out):
         print(f"mock data already present in {out}; to regenerate, remove it or choose another --out")
         return 0

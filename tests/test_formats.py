@@ -15,7 +15,7 @@ from climate_seg.detection.config import DetectConfig
 from climate_seg.segmentation.config import ClimateConfig
 from common.config import validate
 from common.distributed import Distributed
-from common.errors import DataError
+from common.errors import DataError, UserInputError
 from conftest import DERIVED, run_python
 
 GRID = (6, 10)
@@ -318,5 +318,49 @@ def test_cosmoflow_families_hold_one_protocol_and_every_list_is_read_from_their_
         family = formats.family(name)
         assert family.NAME == name
         members = ["WHAT", "PATTERNS", "select", "read", "bad_file_finder", "read_targets", "file_samples",
-                   "file_selection"] + ([] if name == formats.DEFAULT else ["recognises"])
+                   "file_selection", "COMPRESSIONS", "HOLDS_CROPS", "file_name", "write_sample"] + (
+                       [] if name == formats.DEFAULT else ["recognises"])
         assert [m for m in members if not hasattr(family, m)] == [], name
+
+
+def test_cosmoflow_families_write_what_they_read_and_the_mock_asks_them_what_they_hold(tmp_path):
+    """The writing half of the protocol: each family's file of one mock universe, in each of its compressions, is
+    named as its PATTERNS list it, told as its own by its content, and read back as written; a family that holds
+    crops cuts a larger volume into them; the mock's --format choices and refusals come from the declarations."""
+    import fnmatch
+
+    from cosmoflow import formats, mock
+
+    x = volumes(1)[0]
+    y = np.array([0.25, -0.5, 0.75, -1.0], np.float32)
+    physical = np.array([0.3, 0.8, 0.96, 70.0])
+    for name in formats.FAMILIES:
+        family = formats.family(name)
+        assert "none" in family.COMPRESSIONS, name
+        for compression in family.COMPRESSIONS:
+            folder = tmp_path / name / compression / "train"
+            folder.mkdir(parents=True)
+            path = folder / family.file_name("univ_train_000000", compression)
+            family.write_sample(path, x, y, physical, compression)
+            assert any(fnmatch.fnmatch(path.name, pattern) for pattern in family.PATTERNS), path.name
+            assert formats.family_of_file(str(path)) is family
+            cfg = cosmo_cfg(tmp_path / name / compression, format=name, compression=compression)
+            [(_, read_x, read_y, _)] = family.file_samples(cfg, str(path), {})
+            np.testing.assert_array_equal(read_x, x)
+            np.testing.assert_array_equal(read_y, y)
+        if family.HOLDS_CROPS:   # the sample tiled to twice its side: a volume read as 8 crops, each the sample
+            path = tmp_path / name / family.file_name("univ_large", "none")
+            family.write_sample(path, np.tile(x, (2, 2, 2, 1)), y, physical, "none")
+            crops = list(family.file_samples(cosmo_cfg(tmp_path, format=name), str(path), {}))
+            assert len(crops) == 8 and all(np.array_equal(crop[1], x) for crop in crops)
+    parser = mock.build_parser()
+    assert next(a for a in parser._actions if a.dest == "format").choices == list(formats.FAMILIES)
+    for name in formats.FAMILIES:
+        family = formats.family(name)
+        for option, refused in ((["--gzip"], "gzip" not in family.COMPRESSIONS),
+                                (["--crops-per-side", "2"], not family.HOLDS_CROPS)):
+            out = tmp_path / "refused" / name / option[0].strip("-")
+            if refused:
+                with pytest.raises(UserInputError, match=rf"^{option[0]}\b.* {name}\b"):
+                    mock.main(["--format", name, "--out", str(out), *option])
+                assert not out.exists()

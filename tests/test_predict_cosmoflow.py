@@ -167,7 +167,7 @@ def test_refusals(trained, tmp_path):
     with h5py.File(tmp_path / "climate.h5", "w") as f:
         f["images"] = np.zeros((2, 16, 32, 48), np.float32)
     cases.append((run, [good, tmp_path / "climate.h5"], tmp_path / "out", ["climate.h5", "'full'"]))
-    from cosmoflow.mock import write_tfrecord
+    from cosmoflow.formats.tfrecord import write_tfrecord
 
     write_tfrecord(tmp_path / "big.tfrecord", [(np.zeros((32, 32, 32, 4), np.int16), samples[0][1])])
     cases.append((run, [tmp_path / "big.tfrecord"], tmp_path / "out", ["big.tfrecord", "bytes"]))

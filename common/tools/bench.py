@@ -284,8 +284,9 @@ def input_only(application, cfg, dist, steps: int, stage_decompressed: str | Non
         cfg = cfg.model_copy(deep=True)
         cfg.data.stage_dir = None
     if stage_decompressed:   # checked before the first timing, not after it
-        if not ("stage_decompress" in type(cfg.data).model_fields and getattr(cfg.data, "compression", "") == "gzip"
-                and cfg.data.format == "tfrecord"):
+        # The application's data section says whether its files are compressed ones its family stages inflated.
+        stages_inflated = getattr(cfg.data, "stages_inflated", None)
+        if not (stages_inflated and stages_inflated()):
             raise UserInputError(f"--stage-decompressed: {application.name}'s data in {cfg.data.data_dir} is not "
                                  "GZIP TFRecords (data.format: tfrecord, data.compression: gzip); nothing to inflate")
         check_stage_dir(pathlib.Path(stage_decompressed), [cfg.data.data_dir])

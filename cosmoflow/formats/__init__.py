@@ -8,7 +8,8 @@ their content, never by their names, and described by a :class:`~cosmoflow.forma
   ``label_raw``); the copy ``data.stage_decompress`` stages MLPerf's GZIP TFRecords as is ``raw_staged``;
 - ``hdf5``: raw universes (``full``, ``unitPar``, cut into crops) and ``prepare.py``'s split crops (``x``, ``y``).
 
-Every family module holds the same protocol, which ``cosmoflow/data.py`` alone calls:
+Every family module holds the same protocol, which ``cosmoflow/data.py`` (reading) and ``cosmoflow/mock.py``
+(writing) alone call:
 
 ==========================================================  ====================================================
 ``NAME``, ``WHAT``, ``PATTERNS``                             its ``data.format`` value, its name in messages,
@@ -24,9 +25,18 @@ Every family module holds the same protocol, which ``cosmoflow/data.py`` alone c
                                                              the data checker's walk
 ``recognises(path)``, ``file_selection(cfg, path)``          one file to predict, told by its content (the
                                                              default family recognises what no other does)
-``stage(cfg, selection, dist)`` (optional)                   a training split's copies in ``data.stage_dir``:
-                                                             (the family reading them, their ``Selection``)
+``stage(cfg, selection, dist)`` (optional)                   a training split's copies in ``data.stage_dir``
+                                                             (inflated with ``data.stage_decompress``): (the
+                                                             family reading them, their ``Selection``)
 ``input_ceiling(cfg, samples)`` (optional)                   the numpy loop ``bench --input-only`` compares with
+``COMPRESSIONS``, ``HOLDS_CROPS``                            the ``data.compression`` values its files are written
+                                                             and read in; whether a file holds a volume cut into
+                                                             crops (``cosmoflow.mock`` refuses ``--gzip`` and
+                                                             ``--crops-per-side`` by these)
+``file_name(stem, compression)``                             the name ``cosmoflow.mock`` gives a sample's file
+``write_sample(path, x, y, physical, compression)``          one mock universe as a file of this family (x int16
+                                                             counts, channels last; y its targets in [-1, 1];
+                                                             physical its parameters)
 ==========================================================  ====================================================
 
 A new family (npy, zarr) is one module here holding that protocol, one line in :data:`FAMILIES`, and its test
@@ -59,3 +69,10 @@ def family_of_file(path: str):
     matches)."""
     others = [family(name) for name in FAMILIES if name != DEFAULT]
     return next((module for module in others if module.recognises(path)), family(DEFAULT))
+
+
+def stages_inflated(name: str, compression: str) -> bool:
+    """Whether ``data.stage_decompress`` has files to inflate in the family ``name`` written in ``compression``:
+    they are compressed (one of its ``COMPRESSIONS`` other than "none") and the family stages copies (``stage``)."""
+    module = family(name)
+    return compression != "none" and compression in module.COMPRESSIONS and hasattr(module, "stage")

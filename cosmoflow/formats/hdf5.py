@@ -18,6 +18,8 @@ from common.distributed import Distributed
 from common.errors import DataError
 from common.loop import epochs
 from common.storage.data import list_files, reading, screen_files, select_count
+from common.storage.outputs import mark_hdf5
+from cosmoflow.config import TARGET_NAMES
 from cosmoflow.formats.layout import SampleLayout, Selection, file_targets
 
 NAME = "hdf5"
@@ -27,6 +29,10 @@ RAW, SPLIT = "raw_hdf5", "split_hdf5"   # the two kinds' names (SampleLayout.kin
 FILE_FORMAT = {RAW: "raw HDF5 universes (full, unitPar), cut into crops",
          SPLIT: "split HDF5 crops (x, y; prepare.py)"}
 TARGETS_DATASET = {RAW: "unitPar", SPLIT: "y"}
+# The data.compression values its files are written in (cosmoflow.mock) and read in: HDF5 files as they are.
+COMPRESSIONS = ("none",)
+# A raw universe is a volume cut into crops of data.sample_shape (cosmoflow.mock --crops-per-side).
+HOLDS_CROPS = True
 
 
 def recognises(path) -> bool:
@@ -161,3 +167,29 @@ def file_selection(cfg, path: str) -> Selection:
     """Every crop of one file (without ``unitPar`` / ``y`` too: its layout then names no targets), for prediction."""
     crops, layout = file_layout(path, cfg, require_targets=False)
     return Selection([(path, crop) for crop in range(crops)], crops, layout, compression="none")
+
+
+# -- writing: cosmoflow.mock's files ---------------------------------------------------------------------------
+
+def file_name(stem: str, compression: str) -> str:
+    """The name of a file of this family holding the sample ``stem`` (``compression`` is one of
+    :data:`COMPRESSIONS`: always "none")."""
+    return f"{stem}.h5"
+
+
+def write_sample(path, x: np.ndarray, y: np.ndarray, physical: np.ndarray, compression: str) -> None:
+    """One mock universe as a raw-format file: ``x`` (int16 counts) as ``full``, ``y`` as ``unitPar``, the
+    ``physical`` parameters as ``physPar`` (``compression``: always "none", :data:`COMPRESSIONS`)."""
+    write_hdf5(path, x, y, physical)
+
+
+def write_hdf5(path, full: np.ndarray, unit_par: np.ndarray, physical: np.ndarray | None = None) -> None:
+    """A raw-format file: ``full`` (counts, channels last) and ``unitPar`` (targets in [-1, 1])."""
+    with h5py.File(path, "w") as f:
+        mark_hdf5(f, "cosmoflow.mock")
+        f.create_dataset("full", data=np.asarray(full, np.int16), chunks=True)
+        f.create_dataset("unitPar", data=np.asarray(unit_par, np.float32))
+        f.create_dataset("namePar", data=np.array(TARGET_NAMES, dtype="S"))   # as the real files name them
+        if physical is not None:
+            f.create_dataset("physPar", data=np.asarray(physical, np.float64))
+            f["physPar"].attrs["names"] = ",".join(TARGET_NAMES)

@@ -42,6 +42,10 @@ VARIANTS = (tfrecord_mlperf, tfrecord_float_list, tfrecord_sc18)
 # The staged copy data.stage_decompress writes of a variant (its staged_format, staged_selection and read);
 # the others are staged as inflated TFRecords.
 STAGED_AS = {tfrecord_mlperf.NAME: raw_staged}
+# The data.compression values its files are written in (cosmoflow.mock) and read in.
+COMPRESSIONS = ("none", "gzip")
+# A file holds whole samples, never a volume to cut into crops (cosmoflow.mock --crops-per-side is refused).
+HOLDS_CROPS = False
 
 
 def compression_type(compression: str) -> str:
@@ -273,3 +277,28 @@ def input_ceiling(cfg, samples: int) -> dict:
     seconds = time.perf_counter() - start
     return {"samples_per_second": done / seconds, "samples": done, "seconds": seconds,
             "bytes_per_sample": math.prod(data.sample_shape) * 2}
+
+
+# -- writing: cosmoflow.mock's files ---------------------------------------------------------------------------
+
+def file_name(stem: str, compression: str) -> str:
+    """The name of a file of this family holding the sample ``stem``, as ``compression`` writes it."""
+    return f"{stem}.tfrecord" + (".gz" if compression == "gzip" else "")
+
+
+def write_sample(path, x: np.ndarray, y: np.ndarray, physical: np.ndarray, compression: str) -> None:
+    """One mock universe (``x`` int16 counts, ``y`` its targets in [-1, 1]) as a file of one MLPerf record:
+    that layout has no place for the ``physical`` parameters."""
+    write_tfrecord(path, [(x, y)], compression)
+
+
+def write_tfrecord(path, samples, compression: str = "none") -> None:
+    """Samples [(x int16 array, y float32[4])] as TFRecord examples (MLPerf layout)."""
+    options = tf.io.TFRecordOptions(compression_type=compression_type(compression))
+    with tf.io.TFRecordWriter(str(path), options) as writer:
+        for x, y in samples:
+            example = tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[np.asarray(x, np.int16).tobytes()])),
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(y, np.float32).tolist())),
+            }))
+            writer.write(example.SerializeToString())
