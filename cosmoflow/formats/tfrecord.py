@@ -301,4 +301,6 @@ def write_tfrecord(path, samples, compression: str = "none") -> None:
                 "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[np.asarray(x, np.int16).tobytes()])),
                 "y": tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(y, np.float32).tolist())),
             }))
-            writer.write(example.SerializeToString())
+            # deterministic: the features map in key order; otherwise its order, hence the bytes, varied from run
+            # to run (the same Example, another file: a fingerprint of the files could not repeat)
+            writer.write(example.SerializeToString(deterministic=True))
