@@ -95,7 +95,7 @@ def op_profile(model, dataset, steps: int, logdir: str, top: int = 12) -> dict:
     earlier = set(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))
     tf.profiler.experimental.start(logdir)
     try:
-        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False)
     finally:
         tf.profiler.experimental.stop()
     paths = sorted(set(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)) - earlier)
