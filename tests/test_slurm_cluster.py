@@ -68,14 +68,13 @@ def test_preemption_requeue_and_exact_resume(slurm_cluster, tiny_cosmo_data, tmp
     than waiting for SLURM's timer, which fires anywhere from 8 to 32 s into a 1-minute job and so needed a run
     long enough to outlast it, twice.  The trainer checkpoints at a step and the script requeues the job;
     released, it resumes and ends with the weights of an uninterrupted run, bitwise."""
-    # 12 epochs of 32 steps: 10 left when the signal is sent (polled every 0.5 s), each at least a second here
-    settings = dict(epochs=12, batch_size=1)
+    settings = dict(epochs=24, batch_size=1)
     deterministic = ("--set", "train.deterministic=true")
     run = tmp_path / "run"
     # The scripts ask for whole nodes (--exclusive): jobs on the one node run one after another, so the
     # uninterrupted reference runs while the requeued job waits.
     preempted = knl(slurm_cluster, run, tiny_cosmo_data, *deterministic, sbatch=("--time=15",), **settings)
-    wait_for(lambda: "epoch 2/12:" in read(run / "train.restart-0.log"), STARTUP_S, "training to start",
+    wait_for(lambda: "epoch 2/24:" in read(run / "train.restart-0.log"), STARTUP_S, "training to start",
              about=lambda: job_and_log(slurm_cluster, preempted, run / "train.restart-0.log"))
     subprocess.run(["scancel", "--batch", "--signal=USR1", str(preempted)], env={**os.environ, **slurm_cluster},
                    check=True)
@@ -93,7 +92,7 @@ def test_preemption_requeue_and_exact_resume(slurm_cluster, tiny_cosmo_data, tmp
     second = (run / "train.restart-1.log").read_text()
     assert "preempted: stop requested (SIGUSR1); checkpoint saved at epoch" in first, first[-2000:]
     assert "resuming from" in second and "ckpt-epoch-" in second, second[-2000:]
-    assert json.loads((run / "summary.json").read_text())["epochs_completed"] == 12
+    assert json.loads((run / "summary.json").read_text())["epochs_completed"] == 24
     info = finished(slurm_cluster, reference)
     assert info["JobState"] == "COMPLETED", info
     for ours, theirs in zip(final_weights(run), final_weights(tmp_path / "reference")):
