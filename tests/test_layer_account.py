@@ -79,4 +79,4 @@ def test_the_account_of_a_step_adds_up_and_counts_backward_flops_by_the_conventi
              "layers": [{**result["layers"][0], "forward_ratio_to_peak": 3.0, "beyond_resolution": True}]}
     table = layer_account.account_table(short)
     assert "(the parts exceed the step)" in table and "-" + f"{parts / 2:.2f}" not in table
-    assert "* above the peak" in table and table.splitlines()[2].endswith(" *")
+    assert "* above the same-run matmul peak" in table and table.splitlines()[2].endswith(" *")
