@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import pathlib
 import types
 import typing
@@ -25,6 +26,8 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativ
 
 from common.errors import ConfigError
 from common.storage.outputs import write_text
+
+log = logging.getLogger(__name__)
 
 Precision = Literal["fp32", "mixed_float16", "mixed_bfloat16", "auto"]
 
@@ -323,8 +326,25 @@ def apply_values(raw: dict, values: dict[str, Any], source: str) -> dict:
     return result
 
 
-# Keys renamed, read under their old name until 0.2.0 (each schema's validator warns and maps it): old -> new.
+# Keys renamed, read under their old name until 0.2.0 (read_renamed_keys, in the validator of each section that
+# had one; --set of either name: _set_path): old -> new.
 RENAMED_KEYS = {"n_valid": "n_validation"}
+
+
+def read_renamed_keys(values, section: str):
+    """A section's raw keys with each old name of :data:`RENAMED_KEYS` read as its new one, with a warning naming
+    the key (both names in one section: refused).  CosmoFlow's ``n_valid``: one spelling of the validation count
+    in every application."""
+    if not isinstance(values, dict):
+        return values
+    for old, new in RENAMED_KEYS.items():
+        if old in values:
+            if new in values:
+                raise ValueError(f"{section}.{old} is the old name of {section}.{new}: give only {section}.{new}")
+            log.warning(f"{section}.{old} is deprecated (read until 0.2.0): call it {section}.{new}")
+            values = dict(values)
+            values[new] = values.pop(old)
+    return values
 
 
 def _set_path(node: dict, parts: list[str], value, where: str) -> None:

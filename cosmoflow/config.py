@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from common.config import MEANING, AppConfig, CountedDataSection, Section
+from common.config import MEANING, AppConfig, CountedDataSection, Section, read_renamed_keys
 from cosmoflow import formats
 
 # Order of the four targets in the MLPerf files (``y`` / ``unitPar``), where no ``namePar`` says otherwise.
 TARGET_NAMES = ("Omega_m", "sigma_8", "n_s", "H0")
 
-log = logging.getLogger(__name__)
 TargetName = Literal["Omega_m", "sigma_8", "n_s", "H0"]
-
-
-def renamed_validation_count(values, section: str):
-    """A section's raw keys with ``n_valid`` (CosmoFlow's old spelling, read until 0.2.0) read as ``n_validation``,
-    with a warning naming the key: one spelling of the validation count in every application."""
-    if isinstance(values, dict) and "n_valid" in values:
-        if "n_validation" in values:
-            raise ValueError(f"{section}.n_valid is the old name of {section}.n_validation: give only "
-                             f"{section}.n_validation")
-        log.warning(f"{section}.n_valid is deprecated (read until 0.2.0): call it {section}.n_validation")
-        values = dict(values)
-        values["n_validation"] = values.pop("n_valid")
-    return values
 
 
 class MockSection(Section):
@@ -51,7 +36,7 @@ class MockSection(Section):
     @model_validator(mode="before")
     @classmethod
     def _renamed_keys(cls, values):
-        return renamed_validation_count(values, "data.mock")
+        return read_renamed_keys(values, "data.mock")
 
 
 class CosmoDataSection(CountedDataSection):
@@ -89,7 +74,7 @@ class CosmoDataSection(CountedDataSection):
     @model_validator(mode="before")
     @classmethod
     def _renamed_keys(cls, values):
-        return renamed_validation_count(values, "data")
+        return read_renamed_keys(values, "data")
 
     @field_validator("target_names", "file_target_names")
     @classmethod

@@ -105,7 +105,7 @@ def test_the_old_validation_count_names_are_read_with_a_warning(caplog, tmp_path
     from cosmoflow.config import CosmoflowConfig
     from cosmoflow.mock import build_parser, main
 
-    with caplog.at_level("WARNING", logger="cosmoflow.config"):
+    with caplog.at_level("WARNING", logger="common.config"):
         cfg = validate(CosmoflowConfig, {"data": {"data_dir": "d", "mock": {"n_valid": 7}}}, "test")
     assert cfg.data.mock.n_validation == 7 and "data.mock.n_valid is deprecated" in caplog.text
     assert build_parser().parse_args(["--n-valid", "3"]).n_validation == 3

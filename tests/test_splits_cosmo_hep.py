@@ -143,7 +143,7 @@ def test_cosmoflow_count_and_batch_errors_name_the_key_and_the_folder(tmp_path):
 
 
 def test_cosmoflow_old_validation_count_key_is_read_with_a_warning(tmp_path, caplog):
-    with caplog.at_level("WARNING", logger="cosmoflow.config"):
+    with caplog.at_level("WARNING", logger="common.config"):
         cfg = cosmo_config(tmp_path, n_valid=5)
     assert cfg.data.n_validation == 5 and "data.n_valid is deprecated" in caplog.text
     with pytest.raises(ConfigError, match="data.n_valid is the old name of data.n_validation"):
