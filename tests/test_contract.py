@@ -37,10 +37,10 @@ import numpy as np
 import pytest
 
 from common import registry
-from common.cli import NUMBER_TYPES, run_command
-from common.commands import every_command, main_of
+from common.cli import NUMBER_TYPES
+from common.commands import every_command
 from common.storage import outputs, run_dirs, transaction
-from conftest import REPO, python_env, run_python, tiny_cosmo_overrides, tree_contents
+from conftest import REPO, python_env, run_here, run_python, tiny_cosmo_overrides, tree_contents
 
 COMMANDS = {command.module: command for command in every_command()}
 DEMO = str(REPO / "configs/cosmoflow/demo.yaml")
@@ -478,11 +478,9 @@ class Refused(Exception):
 def invoke(key: str, recipe: Recipe, capsys, extra=()) -> tuple[int, list[str], str]:
     """The command in this process, as its ``__main__`` runs it: (exit code, its one-line messages, stderr)."""
     module = key.split(" ")[0]
-    capsys.readouterr()
-    code = run_command(main_of(COMMANDS[module]), [*recipe.argv, *extra], name=module)
-    err = capsys.readouterr().err
-    said = [line for line in err.splitlines() if line.startswith(("error:", "interrupted", "terminated"))]
-    return code, said, err
+    result = run_here(["-m", module, *recipe.argv, *extra], capsys)
+    said = [line for line in result.stderr.splitlines() if line.startswith(("error:", "interrupted", "terminated"))]
+    return result.returncode, said, result.stderr
 
 
 def one_line(code: int, expected: int, said: list[str], err: str, *words) -> str:
