@@ -27,6 +27,20 @@ class MockSection(Section):
                                               description="the redshift of each input channel",
                                               json_schema_extra=MEANING)
     seed: NonNegativeInt = Field(1234, description="NumPy seed of every sample (a whole number of at least 0)")
+    dynamics: Literal["zeldovich", "2lpt", "cola"] = Field(
+        "zeldovich", description="how the particles move from the initial field (the same field for a seed under "
+                                 "every dynamics): zeldovich (first-order displacement), 2lpt (second order), cola "
+                                 "(2LPT initial conditions, then particle-mesh steps in the COLA frame, as pycola "
+                                 "made SC18's volumes; cosmoflow/nbody.py)", json_schema_extra=MEANING)
+    cola_steps: PositiveInt = Field(10, description="dynamics cola: particle-mesh steps, uniform in the scale "
+                                                    "factor from cola_initial_redshift to the lowest redshift (an "
+                                                    "output redshift inside a step splits it: 10 are 13 with the "
+                                                    "four default redshifts)",
+                                    json_schema_extra=MEANING)
+    cola_initial_redshift: PositiveFloat = Field(9.0, description="dynamics cola: where the 2LPT initial "
+                                                                  "conditions are set", json_schema_extra=MEANING)
+    cola_mesh_factor: PositiveInt = Field(2, description="dynamics cola: the force mesh is this many times finer "
+                                                         "than the particle lattice", json_schema_extra=MEANING)
     # Parameter ranges around Planck 2018; the targets are normalised to [-1, 1] over them.
     omega_m_range: tuple[PositiveFloat, PositiveFloat] = Field((0.20, 0.40), json_schema_extra=MEANING)
     sigma_8_range: tuple[PositiveFloat, PositiveFloat] = Field((0.60, 1.00), json_schema_extra=MEANING)

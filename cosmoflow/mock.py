@@ -40,9 +40,9 @@ from common.config import load_config
 from common.storage.generated import generated_folder
 from common.console.progress import Progress
 from common.errors import ConfigError, UserInputError
-from cosmoflow import formats
+from cosmoflow import formats, nbody
 from cosmoflow.config import CosmoflowConfig, MockSection
-from cosmoflow.summaries import rfft_mode_weights, wavenumbers
+from cosmoflow.summaries import spherical_average, wavenumbers
 
 # Imported where used, not here: colossus (1.1 s to import; only for a power spectrum).  Each file family writes
 # its own files (cosmoflow.formats: file_name, write_sample), importing TensorFlow or h5py at its first write.
@@ -104,17 +104,16 @@ def measure_power_spectrum(delta: np.ndarray, box_size: float, n_bins: int = 16)
     modes = np.fft.rfftn(delta)
     k, _ = wavenumbers(n, box_size)
     power = np.abs(modes) ** 2 * box_size ** 3 / n ** 6
-    weight = rfft_mode_weights(k, n)
-    k_fundamental = 2 * np.pi / box_size
-    k_nyquist = np.pi * n / box_size
-    edges = np.linspace(k_fundamental * 0.5, k_nyquist, n_bins + 1)
-    index = np.digitize(k.ravel(), edges) - 1
-    valid = (index >= 0) & (index < n_bins)
-    counts = np.bincount(index[valid], weights=weight.ravel()[valid], minlength=n_bins)
-    sums = np.bincount(index[valid], weights=(weight * power).ravel()[valid], minlength=n_bins)
-    ksum = np.bincount(index[valid], weights=(weight * k).ravel()[valid], minlength=n_bins)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return ksum / counts, sums / counts, counts
+    return spherical_average(k, power, n, box_size, n_bins, np.pi * n / box_size)
+
+
+def voxel_counts(positions: np.ndarray, box_size: float, grid: int) -> np.ndarray:
+    """Particles per voxel of a grid^3 division of the periodic box (nearest grid point), int16 (clipped)."""
+    voxel = box_size / grid
+    cells = np.floor((positions % box_size) / voxel).astype(np.int64) % grid
+    flat = (cells[:, 0] * grid + cells[:, 1]) * grid + cells[:, 2]
+    histogram = np.bincount(flat, minlength=grid ** 3)
+    return np.minimum(histogram, np.iinfo(np.int16).max).reshape(grid, grid, grid)
 
 
 def zeldovich_counts(delta_k: np.ndarray, lattice: int, box_size: float, grid: int,
@@ -127,32 +126,31 @@ def zeldovich_counts(delta_k: np.ndarray, lattice: int, box_size: float, grid: i
     k, components = wavenumbers(lattice, box_size)
     k2 = k ** 2
     k2[0, 0, 0] = 1.0
-    spacing = box_size / lattice
-    q = (np.arange(lattice) + 0.5) * spacing
-    positions = np.stack(np.meshgrid(q, q, q, indexing="ij"), axis=-1).reshape(-1, 3)
+    positions = nbody.lattice(lattice, box_size)
     displacement = np.empty_like(positions)
     for axis, k_axis in enumerate(components):
         displacement[:, axis] = np.fft.irfftn(1j * k_axis / k2 * delta_k, s=(lattice,) * 3, axes=(0, 1, 2)).ravel()
-    voxel = box_size / grid
     counts = np.empty((grid, grid, grid, len(growth)), dtype=np.int16)
     for channel, d in enumerate(growth):
-        cells = np.floor(((positions + d * displacement) % box_size) / voxel).astype(np.int64) % grid
-        flat = (cells[:, 0] * grid + cells[:, 1]) * grid + cells[:, 2]
-        histogram = np.bincount(flat, minlength=grid ** 3)
-        counts[..., channel] = np.minimum(histogram, np.iinfo(np.int16).max).reshape(grid, grid, grid)
+        counts[..., channel] = voxel_counts(positions + d * displacement, box_size, grid)
     return counts
 
 
 def make_universe(params: np.ndarray, grid: int, mock: MockSection, rng: np.random.Generator,
                   box_size: float | None = None) -> np.ndarray:
-    """One sample: int16 counts (grid, grid, grid, len(redshifts))."""
+    """One sample: int16 counts (grid, grid, grid, len(redshifts)), the particles moved by ``mock.dynamics``."""
     cosmo = cosmology_for(params)
     box = mock.box_size_mpc_h if box_size is None else box_size
     lattice = grid * mock.particles_per_voxel_side
     delta_k = gaussian_random_field_k(lattice, box, lambda k: cosmo.matterPowerSpectrum(k, z=0.0), rng)
     redshifts = np.asarray(mock.redshifts, dtype=float)
-    growth = cosmo.growthFactor(redshifts) / cosmo.growthFactor(0.0)
-    return zeldovich_counts(delta_k, lattice, box, grid, growth)
+    if mock.dynamics == "zeldovich":
+        growth = cosmo.growthFactor(redshifts) / cosmo.growthFactor(0.0)
+        return zeldovich_counts(delta_k, lattice, box, grid, growth)
+    snapshots = nbody.evolve(delta_k, lattice, box, float(params[0]), redshifts, mock.dynamics,
+                             steps=mock.cola_steps, initial_redshift=mock.cola_initial_redshift,
+                             mesh_factor=mock.cola_mesh_factor)
+    return np.stack([voxel_counts(snapshot.positions, box, grid) for snapshot in snapshots], axis=-1).astype(np.int16)
 
 
 def seeded_universe(task: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

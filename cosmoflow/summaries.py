@@ -64,6 +64,21 @@ def rfft_mode_weights(k: np.ndarray, n: int) -> np.ndarray:
     return weight
 
 
+def spherical_average(k: np.ndarray, values: np.ndarray, n: int, box_size: float, n_bins: int, k_max: float):
+    """``values`` on an n^3 rfftn grid (``k`` its |k|) averaged over the modes in ``n_bins`` linear shells from
+    half the fundamental wavenumber to ``k_max``, each mode counted as :func:`rfft_mode_weights` says:
+    (k centres, averages, modes per shell)."""
+    weight = rfft_mode_weights(k, n)
+    edges = np.linspace(np.pi / box_size, k_max, n_bins + 1)
+    index = np.digitize(k.ravel(), edges) - 1
+    valid = (index >= 0) & (index < n_bins)
+    modes = np.bincount(index[valid], weights=weight.ravel()[valid], minlength=n_bins)
+    sums = np.bincount(index[valid], weights=(weight * values).ravel()[valid], minlength=n_bins)
+    k_sums = np.bincount(index[valid], weights=(weight * k).ravel()[valid], minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return k_sums / modes, sums / modes, modes
+
+
 @functools.lru_cache(maxsize=16)
 def k_binning(grid: int, box_size: float, n_bins: int):
     """(positions in the flattened rfftn grid that fall in a bin, their bin, their weight, modes per bin).

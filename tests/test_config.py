@@ -271,8 +271,9 @@ def test_a_task_that_is_not_one_of_the_tasks_is_one_line(tmp_path, task):
 # mistake shows here), and a newly registered application must say its own.
 MEANING_KEYS = {
     "cosmoflow": ("data.target_names", "data.file_target_names", "data.target_offset", "data.target_scale",
-                  "data.apply_log", "data.mock.box_size_mpc_h", "data.mock.redshifts", "data.mock.omega_m_range",
-                  "data.mock.sigma_8_range", "data.mock.n_s_range", "data.mock.h0_range"),
+                  "data.apply_log", "data.mock.box_size_mpc_h", "data.mock.redshifts", "data.mock.dynamics",
+                  "data.mock.cola_steps", "data.mock.cola_initial_redshift", "data.mock.cola_mesh_factor",
+                  "data.mock.omega_m_range", "data.mock.sigma_8_range", "data.mock.n_s_range", "data.mock.h0_range"),
     "hep_cnn": ("data.image_size", "data.channels", "data.scale_by_maxima"),
     "climate_seg": ("data.downsample", "data.normalization"),
     "climate_detection": ("data.grid", "data.file_channels", "data.channels", "data.box_columns", "data.box_classes",
