@@ -14,6 +14,8 @@ TARGET_NAMES = ("Omega_m", "sigma_8", "n_s", "H0")
 
 TargetName = Literal["Omega_m", "sigma_8", "n_s", "H0"]
 
+OMEGA_B = 0.049  # the mocks' baryon density, fixed (Planck 2018)
+
 
 class MockSection(Section):
     """Mock universes written by ``python -m cosmoflow.mock`` (and by train when missing)."""
@@ -23,7 +25,7 @@ class MockSection(Section):
     n_validation: PositiveInt = 64
     box_size_mpc_h: PositiveFloat = Field(256.0, description="comoving box side in Mpc/h", json_schema_extra=MEANING)
     particles_per_voxel_side: PositiveInt = Field(2, description="particle lattice is this many times finer than the grid")
-    redshifts: list[NonNegativeFloat] = Field(default_factory=lambda: [3.0, 1.5, 0.5, 0.0],
+    redshifts: list[NonNegativeFloat] = Field(default_factory=lambda: [3.0, 1.5, 0.5, 0.0], min_length=1,
                                               description="the redshift of each input channel",
                                               json_schema_extra=MEANING)
     seed: NonNegativeInt = Field(1234, description="NumPy seed of every sample (a whole number of at least 0)")
@@ -37,10 +39,12 @@ class MockSection(Section):
                                                     "output redshift inside a step splits it: 10 are 13 with the "
                                                     "four default redshifts)",
                                     json_schema_extra=MEANING)
-    cola_initial_redshift: PositiveFloat = Field(9.0, description="dynamics cola: where the 2LPT initial "
-                                                                  "conditions are set", json_schema_extra=MEANING)
-    cola_mesh_factor: PositiveInt = Field(2, description="dynamics cola: the force mesh is this many times finer "
-                                                         "than the particle lattice", json_schema_extra=MEANING)
+    cola_initial_redshift: PositiveFloat = Field(9.0, le=1000.0, description="dynamics cola: where the 2LPT "
+                                                 "initial conditions are set (above every output redshift; at most "
+                                                 "1000: the growth has no radiation era)", json_schema_extra=MEANING)
+    cola_mesh_factor: PositiveInt = Field(2, le=4, description="dynamics cola: the force mesh is this many times "
+                                                               "finer than the particle lattice (1 to 4)",
+                                          json_schema_extra=MEANING)
     # Parameter ranges around Planck 2018; the targets are normalised to [-1, 1] over them.
     omega_m_range: tuple[PositiveFloat, PositiveFloat] = Field((0.20, 0.40), json_schema_extra=MEANING)
     sigma_8_range: tuple[PositiveFloat, PositiveFloat] = Field((0.60, 1.00), json_schema_extra=MEANING)
@@ -51,6 +55,24 @@ class MockSection(Section):
     @classmethod
     def _renamed_keys(cls, values):
         return read_renamed_keys(values, "data.mock")
+
+    @field_validator("omega_m_range")
+    @classmethod
+    def _flat_with_baryons(cls, value):
+        if not OMEGA_B < value[0] <= value[1] <= 1.0:
+            raise ValueError(f"must be (low, high) with {OMEGA_B} (the baryons, fixed) < low <= high <= 1 (flat, "
+                             "with a non-negative Lambda)")
+        return value
+
+    @model_validator(mode="after")
+    def _dynamics_within_their_range(self):
+        if self.dynamics == "cola" and self.cola_initial_redshift <= max(self.redshifts):
+            raise ValueError(f"data.mock.cola_initial_redshift {self.cola_initial_redshift:g} must be above every "
+                             f"output redshift (data.mock.redshifts reaches {max(self.redshifts):g})")
+        if self.dynamics != "zeldovich" and max(self.redshifts) > 1000.0:
+            raise ValueError(f"data.mock.redshifts reaches {max(self.redshifts):g}: dynamics {self.dynamics} "
+                             "integrates the growth without radiation, good to z = 1000")
+        return self
 
 
 class CosmoDataSection(CountedDataSection):

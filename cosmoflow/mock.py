@@ -41,7 +41,7 @@ from common.storage.generated import generated_folder
 from common.console.progress import Progress
 from common.errors import ConfigError, UserInputError
 from cosmoflow import formats, nbody
-from cosmoflow.config import CosmoflowConfig, MockSection
+from cosmoflow.config import OMEGA_B, CosmoflowConfig, MockSection
 from cosmoflow.summaries import spherical_average, wavenumbers
 
 # Imported where used, not here: colossus (1.1 s to import; only for a power spectrum).  Each file family writes
@@ -49,7 +49,6 @@ from cosmoflow.summaries import spherical_average, wavenumbers
 
 log = logging.getLogger(__name__)
 
-OMEGA_B = 0.049  # baryon density, fixed (Planck 2018)
 
 
 # -- physics ------------------------------------------------------------------
@@ -108,12 +107,17 @@ def measure_power_spectrum(delta: np.ndarray, box_size: float, n_bins: int = 16)
 
 
 def voxel_counts(positions: np.ndarray, box_size: float, grid: int) -> np.ndarray:
-    """Particles per voxel of a grid^3 division of the periodic box (nearest grid point), int16 (clipped)."""
+    """Particles per voxel of a grid^3 division of the periodic box (nearest grid point), as int16 (the files'
+    type): a voxel holding more than int16 can is a one-line error, never a count clipped."""
     voxel = box_size / grid
     cells = np.floor((positions % box_size) / voxel).astype(np.int64) % grid
     flat = (cells[:, 0] * grid + cells[:, 1]) * grid + cells[:, 2]
     histogram = np.bincount(flat, minlength=grid ** 3)
-    return np.minimum(histogram, np.iinfo(np.int16).max).reshape(grid, grid, grid)
+    if histogram.max() > np.iinfo(np.int16).max:
+        raise ConfigError(f"a voxel holds {histogram.max()} particles, more than the files' int16 counts hold "
+                          f"({np.iinfo(np.int16).max}): fewer particles (data.mock.particles_per_voxel_side) or "
+                          "smaller voxels")
+    return histogram.astype(np.int16).reshape(grid, grid, grid)
 
 
 def zeldovich_counts(delta_k: np.ndarray, lattice: int, box_size: float, grid: int,
