@@ -329,6 +329,7 @@ def apply_values(raw: dict, values: dict[str, Any], source: str) -> dict:
 # Keys renamed, read under their old name until 0.2.0 (read_renamed_keys, in the validator of each section that
 # had one; --set of either name: _set_path): old -> new.
 RENAMED_KEYS = {"n_valid": "n_validation"}
+_WARNED_RENAMES: set[tuple[str, str]] = set()
 
 
 def read_renamed_keys(values, section: str):
@@ -341,7 +342,9 @@ def read_renamed_keys(values, section: str):
         if old in values:
             if new in values:
                 raise ValueError(f"{section}.{old} is the old name of {section}.{new}: give only {section}.{new}")
-            log.warning(f"{section}.{old} is deprecated (read until 0.2.0): call it {section}.{new}")
+            if (section, old) not in _WARNED_RENAMES:   # once a process: a command may read its config twice
+                _WARNED_RENAMES.add((section, old))
+                log.warning(f"{section}.{old} is deprecated (read until 0.2.0): call it {section}.{new}")
             values = dict(values)
             values[new] = values.pop(old)
     return values

@@ -338,6 +338,14 @@ def last_json_line(text: str) -> dict:
     raise AssertionError(f"no JSON line in output:\n{text[-2000:]}")
 
 
+@pytest.fixture(autouse=True)
+def _renamed_keys_warn_afresh():
+    """A renamed config key warns once a process (common.config): each test sees its own first warning."""
+    from common import config
+
+    config._WARNED_RENAMES.clear()
+
+
 @pytest.fixture(scope="session")
 def tiny_cosmo_data(tmp_path_factory) -> pathlib.Path:
     """Mock universes, 16^3 x 4, 32 training + 16 validation samples, TFRecord."""

@@ -151,6 +151,28 @@ def test_staging_copies_this_ranks_share(tmp_path, tmp_path_factory):
     assert set(values) <= originals
 
 
+def test_staging_hdf5_copies_whole_files_and_reads_their_crops(tmp_path, tmp_path_factory):
+    """data.stage_dir with HDF5 (it was silently ignored): rank 1 of 2 stages files 1 and 3 of four, and its
+    epoch is their crops, read from the copies."""
+    rng = np.random.default_rng(7)
+    volumes = [(rng.integers(0, 30, (16, 16, 8, 4)).astype(np.int16), np.full(4, i / 10, np.float32))
+               for i in range(4)]
+    write_hdf5_volumes(tmp_path / "train", volumes)
+    write_hdf5_volumes(tmp_path / "validation", volumes[:1])
+    stage = tmp_path_factory.mktemp("stage")
+    cfg = config(tmp_path, format="hdf5", stage_dir=str(stage))
+
+    class Rank1(Distributed):
+        def __init__(self):
+            super().__init__()
+            self.rank, self.size = 1, 2
+
+    datasets = build_datasets(cfg, Rank1())
+    assert sorted(p.name for p in (stage / "rank-1").glob("*.h5")) == ["univ_1.h5", "univ_3.h5"]
+    targets = sorted(round(float(y[0]), 6) for _, ys in datasets.train_epoch(0) for y in ys.numpy())
+    assert targets == [0.1] * 4 + [0.3] * 4   # each staged file's four crops, once
+
+
 @pytest.mark.parametrize("per_file", [1, 3])
 def test_staging_decompressed_gives_the_network_the_gzip_originals_values(tmp_path, tmp_path_factory, per_file):
     write_tfrecords(tmp_path / "train", make_samples(6, 8), per_file, gzip=True)

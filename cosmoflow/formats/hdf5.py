@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import pathlib
+import sys
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from common.deferred import tensorflow as tf
 from common.distributed import Distributed
 from common.errors import DataError
 from common.loop import epochs
+from common.storage import staging
 from common.storage.data import list_files, reading, screen_files, select_count
 from common.storage.outputs import mark_hdf5
 from cosmoflow.config import TARGET_NAMES
@@ -131,7 +133,8 @@ def read(cfg, selection: Selection, dist: Distributed, seed, training: bool):
     shape, layout = tuple(cfg.data.sample_shape), selection.layout
     share = epochs.rank_share((tf.constant([p for p, _ in selection.items]),
                                tf.constant([c for _, c in selection.items], dtype=tf.int64)),
-                              dist, seed, shuffle=training, stream=1)
+                              dist, seed, shuffle=training, stream=dist.rank if selection.staged else 1,
+                              this_rank_only=selection.staged)
 
     def load(path, crop_index):
         x, y = tf.numpy_function(lambda p, c: read_crop(p, c, shape), [path, crop_index],
@@ -141,6 +144,17 @@ def read(cfg, selection: Selection, dist: Distributed, seed, training: bool):
         return x, y, path, tf.constant(True)   # HDF5 shapes are checked per file at start-up
 
     return share.samples(share.items.map(load, num_parallel_calls=epochs.AUTOTUNE))
+
+
+def stage(cfg, selection: Selection, dist: Distributed):
+    """(this family, the selection of this rank's copies in ``data.stage_dir``), staged now: whole files, each
+    with every crop it holds, copied to the rank that takes the file (a fixed share, as TFRecords are)."""
+    sources = list(dict.fromkeys(path for path, _ in selection.items))
+    copies = staging.stage_files(sources, cfg.data.stage_dir, dist, data_dir=cfg.data.data_dir)
+    copy_of = dict(zip(sources[dist.rank::dist.size], copies))
+    items = [(copy_of[path], crop) for path, crop in selection.items if path in copy_of]
+    return sys.modules[__name__], Selection(items, selection.count, selection.layout, selection.problems,
+                                            compression="none", staged=True)
 
 
 def bad_file_finder(cfg, selection: Selection):
