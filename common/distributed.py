@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -461,7 +462,21 @@ def launch(argv: list[str]) -> int:
         if build["mpi_built"]:
             runner.mpi_built = lambda verbose=False: True
     sys.argv = ["horovodrun", *argv]
-    return runner.run_commandline()
+    try:
+        return runner.run_commandline()
+    except RuntimeError as exc:
+        # horovodrun's way of saying a rank failed is a RuntimeError, which its own command line prints as a
+        # traceback of the launcher; here it is one line after the ranks' output, and horovodrun's exit code, 1.
+        said = str(exc)
+        first = re.search(r"Process name: (\S+)\s+Exit code: (-?\d+)", said)
+        if first:
+            print(f"error: a rank failed and Horovod stopped the job: the first was rank {first[1]}, "
+                  f"Exit code: {first[2]} (its lines above say why)", file=sys.stderr, flush=True)
+            return 1
+        if said.startswith("mpirun failed with exit code"):
+            print(f"error: {said} (the ranks' lines above say why)", file=sys.stderr, flush=True)
+            return 1
+        raise
 
 
 def _build_record_path() -> pathlib.Path | None:

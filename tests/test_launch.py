@@ -45,6 +45,10 @@ def test_the_launcher_runs_horovodrun_and_records_its_build_check_once(tmp_path)
         out = result.stdout + result.stderr
         assert result.returncode == 1 and "Exit code: 3" in out, out[-3000:]
         assert "[0]<stdout>:rank 0 of 2" in out and "[1]<stdout>:rank 1 of 2" in out, out[-3000:]
+    # ... but the launcher says it in one line, where horovodrun prints its own traceback
+    assert "Traceback" in reference.stderr and "Traceback" not in first.stderr, first.stderr[-3000:]
+    assert ("error: a rank failed and Horovod stopped the job: the first was rank 1, Exit code: 3 (its lines "
+            "above say why)") in first.stderr.splitlines(), first.stderr[-3000:]
     # horovodrun's check imports TensorFlow in the launcher's child: its start-up lines come before the ranks'
     assert any(line in reference.stderr for line in TENSORFLOW_STARTUP), reference.stderr[-3000:]
     records = list((cache / "hpc-dl-suite" / "horovod-builds").iterdir())
