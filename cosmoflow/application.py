@@ -45,7 +45,7 @@ APPLICATION = Application(
     commands=(
         Command("cosmoflow.mock", parser_of("cosmoflow.mock"), reads=(("--config", "config"),),
                 writes=(Output("--out", "generated"),), summary="mock universes (the config's data.data_dir)"),
-        Command("cosmoflow.nbody", parser_of("cosmoflow.nbody"), reads=(("--config", "config"),),
+        Command("cosmoflow.mock_bench", parser_of("cosmoflow.mock_bench"), reads=(("--config", "config"),),
                 summary="benchmark of the mocks' dynamics (COLA steps, volumes per second); prints only"),
         datatools_command("cosmoflow.data", DatasetFiles("CosmoFlow", formats.patterns())),
         Command("cosmoflow.information", parser_of("cosmoflow.information"),

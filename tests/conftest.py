@@ -8,9 +8,11 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -336,6 +338,16 @@ def last_json_line(text: str) -> dict:
         if line.startswith("{") and line.endswith("}"):
             return json.loads(line)
     raise AssertionError(f"no JSON line in output:\n{text[-2000:]}")
+
+
+@pytest.fixture(autouse=True)
+def _python_signal_handlers():
+    """Every test starts with Python's own SIGINT and SIGTERM handling (Ctrl-C a KeyboardInterrupt), whatever an
+    earlier test in this worker process left: a library that installs handlers and never puts them back (horovod's
+    gloo runner does, for SIGINT and SIGTERM) would turn the signal tests' Ctrl-C into nothing."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture(autouse=True)

@@ -14,15 +14,17 @@ import sys
 import numpy as np
 
 from common.deferred import h5py   # imported at first use: the formats' table is read without it
+from common.deferred import DeferredModule
 from common.deferred import tensorflow as tf
 from common.distributed import Distributed
 from common.errors import DataError
 from common.loop import epochs
-from common.storage import staging
 from common.storage.data import list_files, reading, screen_files, select_count
 from common.storage.outputs import mark_hdf5
 from cosmoflow.config import TARGET_NAMES
 from cosmoflow.formats.layout import SampleLayout, Selection, file_targets
+
+staging = DeferredModule("common.storage.staging")   # at a stage: its CRC-32C library is not in every environment
 
 NAME = "hdf5"
 WHAT = "HDF5"   # the family in messages
