@@ -278,8 +278,12 @@ def evolve(delta_k: np.ndarray, n: int, box_size: float, omega_m: float, redshif
         g1, g2 = background.momentum_growth(a)
         return d1 * psi1 + d2 * psi2, g1 * psi1 + g2 * psi2
 
+    def lpt_snapshot(a):
+        displacement, momentum = lpt_motion(a)
+        return Snapshot(a, (q + displacement) % box_size, momentum)
+
     if dynamics == "2lpt":
-        return [Snapshot(a, (q + lpt_motion(a)[0]) % box_size, lpt_motion(a)[1]) for a in outputs]
+        return [lpt_snapshot(a) for a in outputs]
     if dynamics != "cola":
         raise ValueError(f"dynamics {dynamics!r}: expected 2lpt or cola")
 
@@ -287,8 +291,7 @@ def evolve(delta_k: np.ndarray, n: int, box_size: float, omega_m: float, redshif
     n_mesh = n * mesh_factor
     mean_per_cell = n ** 3 / n_mesh ** 3
     prefactor = 1.5 * omega_m
-    snapshots = {a: Snapshot(a, (q + lpt_motion(a)[0]) % box_size, lpt_motion(a)[1])
-                 for a in outputs if a <= a_initial}
+    snapshots = {a: lpt_snapshot(a) for a in outputs if a <= a_initial}
     shift = 0.5 if mesh_factor % 2 == 0 else 0.0   # the lattice between mesh points: u = x N / L - shift
     timings["steps"] = []
     if lpt_frame:
